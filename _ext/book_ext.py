@@ -1,0 +1,114 @@
+"""Sphinx extension for Beyond grad.
+
+* ``{{ jax_floor }}`` substitution from pyproject.toml (one source of truth).
+* ``{book-status}`` directive: a table, filled at build time, of each executed page's
+  run time (myst-nb's execution data) and the JAX/jaxlib/Python versions and devices
+  that produced its outputs (the ``describe()`` record printed by its setup cell).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.util.docutils import SphinxDirective
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tools.book import jax_floor  # noqa: E402
+
+STATUS_DOC = "status"
+
+
+class status_placeholder(nodes.General, nodes.Element):
+    pass
+
+
+class BookStatus(SphinxDirective):
+    def run(self):
+        return [status_placeholder()]
+
+
+def _runtime_record(outdir: Path, docname: str) -> dict | None:
+    executed = outdir.parent / "jupyter_execute" / f"{docname}.ipynb"
+    if not executed.exists():
+        return None
+    nb = json.loads(executed.read_text())
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            rec = out.get("metadata", {}).get("beyondgrad_runtime")
+            if isinstance(rec, dict):
+                return rec
+    return None
+
+
+def _table(rows: list[list[str]], header: list[str]) -> nodes.table:
+    table = nodes.table(classes=["book-status"])
+    group = nodes.tgroup(cols=len(header))
+    table += group
+    group.extend(nodes.colspec(colwidth=1) for _ in header)
+    head = nodes.thead()
+    group += head
+    body = nodes.tbody()
+    group += body
+    for target, cells in ((head, [header]), (body, rows)):
+        for cells_row in cells:
+            row = nodes.row()
+            for text in cells_row:
+                entry = nodes.entry()
+                entry += nodes.paragraph(text=text)
+                row += entry
+            target += row
+    return table
+
+
+def fill_status(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    if docname != STATUS_DOC:
+        return
+    from myst_nb.sphinx_ import NbMetadataCollector
+
+    env = app.env
+    header = ["page", "executed", "run time (s)", "result", "platform / devices", "JAX", "jaxlib", "Python"]
+    rows = []
+    for doc in sorted(env.found_docs):
+        data = NbMetadataCollector.get_exec_data(env, doc)
+        if not data:
+            continue
+        rec = _runtime_record(Path(app.outdir), doc) or {}
+        devices = f"{rec['platform']}: {rec['device_count']} x {rec['device_kind']}" if rec else "(no describe() output)"
+        rows.append(
+            [
+                doc,
+                str(data.get("method", "")),
+                f"{data['runtime']:.1f}" if data.get("runtime") is not None else "-",
+                "ok" if data.get("succeeded") else "FAILED",
+                devices,
+                str(rec.get("jax_version", "-")),
+                str(rec.get("jaxlib_version", "-")),
+                str(rec.get("python_version", "-")),
+            ]
+        )
+    for node in doctree.findall(status_placeholder):
+        node.replace_self(_table(rows, header) if rows else nodes.paragraph(text="No page was executed."))
+
+
+def always_rewrite_status(app, env, added, changed, removed):
+    return [STATUS_DOC] if STATUS_DOC in env.found_docs else []
+
+
+def add_substitutions(app: Sphinx, config) -> None:
+    subs = dict(getattr(config, "myst_substitutions", {}) or {})
+    subs.setdefault("jax_floor", jax_floor())
+    config.myst_substitutions = subs
+
+
+def setup(app: Sphinx) -> dict:
+    app.add_node(status_placeholder)
+    app.add_directive("book-status", BookStatus)
+    app.connect("config-inited", add_substitutions)
+    app.connect("doctree-resolved", fill_status)
+    app.connect("env-get-outdated", always_rewrite_status)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,233 @@
+"""Where the book runs: platform detection, simulated CPU devices and demo meshes.
+
+Every chapter's setup cell calls :func:`ensure_cpu_devices` (multi-device chapters)
+and prints :func:`describe`. :func:`demo_mesh` gives the sharding chapters a mesh on
+real accelerators when there are enough of them and on simulated CPU devices
+otherwise, so the same cell runs on a laptop, a 1-GPU Colab runtime and a TPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import platform as _platform
+import sys
+from collections.abc import Sequence
+from typing import Literal
+
+import jax
+
+from beyondgrad import compat
+
+#: How many devices the sharding chapters use (simulated on CPU when needed).
+BOOK_DEVICE_COUNT = 8
+
+
+def on_colab() -> bool:
+    """True inside a Google Colab kernel."""
+    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
+
+
+def _backends_initialized() -> bool:
+    from jax._src import xla_bridge  # private, but stable across 0.8.2 .. 0.12
+
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def ensure_cpu_devices(n: int = BOOK_DEVICE_COUNT) -> int:
+    """Ask JAX for ``n`` CPU devices; return the number of CPU devices now visible.
+
+    JAX reads ``jax_num_cpu_devices`` once, when it first initialises its backends
+    (the first computation or device query of the process). Call this before that.
+    Called later, it succeeds if at least ``n`` CPU devices already exist and
+    otherwise raises ``RuntimeError`` telling you to restart the kernel.
+    """
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int number of CPU devices, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1 CPU device, got {n}")
+    if not _backends_initialized():
+        jax.config.update("jax_num_cpu_devices", n)
+    have = len(jax.devices("cpu"))
+    if have < n:
+        raise RuntimeError(
+            f"JAX already started with {have} CPU device(s), so {n} cannot be created now: "
+            "jax_num_cpu_devices is read only once, before the first computation. "
+            "Restart the kernel (Colab: Runtime > Restart session) and run the setup cell "
+            "first, before anything else touches JAX."
+        )
+    return have
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeInfo:
+    """What produced a chapter's outputs."""
+
+    platform: str  # "cpu", "gpu" or "tpu" (JAX's default backend)
+    device_kind: str
+    device_count: int  # devices of the default backend
+    cpu_device_count: int
+    jax_version: str
+    jaxlib_version: str
+    python_version: str
+    on_colab: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        where = "Colab" if self.on_colab else _platform.node() or "local"
+        lines = [
+            f"JAX {self.jax_version} (jaxlib {self.jaxlib_version}), Python {self.python_version}, on {where}",
+            f"platform: {self.platform}, {self.device_count} x {self.device_kind}",
+        ]
+        if self.platform != "cpu":
+            lines.append(f"CPU devices also available: {self.cpu_device_count}")
+        return "\n".join(lines)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        # Readers see the text; the record rides along in the output's metadata, where
+        # the book's status page reads it from the executed notebook.
+        return {"text/plain": str(self)}, {"beyondgrad_runtime": self.as_dict()}
+
+
+def _platform_name(backend: str) -> str:
+    # JAX reports "cuda"/"rocm" for some GPU plugins and "gpu" for others.
+    return "gpu" if backend in ("gpu", "cuda", "rocm") else backend
+
+
+def describe() -> RuntimeInfo:
+    """Platform, devices and versions of the running kernel."""
+    import jaxlib
+
+    devices = jax.devices()
+    kinds = sorted({d.device_kind for d in devices})
+    return RuntimeInfo(
+        platform=_platform_name(jax.default_backend()),
+        device_kind=", ".join(kinds),
+        device_count=len(devices),
+        cpu_device_count=len(jax.devices("cpu")),
+        jax_version=jax.__version__,
+        jaxlib_version=jaxlib.__version__,
+        python_version=_platform.python_version(),
+        on_colab=on_colab(),
+    )
+
+
+def demo_mesh(
+    shape: int | Sequence[int] = BOOK_DEVICE_COUNT,
+    axis_names: str | Sequence[str] = ("data",),
+    *,
+    axis_types: Literal["auto", "explicit"] = "auto",
+) -> jax.sharding.Mesh:
+    """A mesh of ``prod(shape)`` devices: accelerators if there are enough, else CPU devices.
+
+    ``axis_types`` is explicit because ``jax.make_mesh``'s default changed inside the
+    supported range (Auto up to 0.8, Explicit from 0.9). Raises ``ValueError`` for a
+    shape/name mismatch and ``RuntimeError`` (with the fix) when not enough devices exist.
+    """
+    shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
+    names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    if len(shape_t) != len(names):
+        raise ValueError(f"shape {shape_t} has {len(shape_t)} axes but axis_names {names} has {len(names)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"axis_names must be distinct, got {names}")
+    if any(not isinstance(s, int) or s < 1 for s in shape_t):
+        raise ValueError(f"mesh shape entries must be positive ints, got {shape_t}")
+    need = math.prod(shape_t)
+    default = jax.devices()
+    if len(default) >= need:
+        devices = default[:need]
+    else:
+        cpus = jax.devices("cpu")
+        if len(cpus) < need:
+            raise RuntimeError(
+                f"a {shape_t} mesh needs {need} devices; found {len(default)} {jax.default_backend()} "
+                f"and {len(cpus)} CPU device(s). Call beyondgrad.runtime.ensure_cpu_devices({need}) "
+                "first thing in a fresh kernel."
+            )
+        devices = cpus[:need]
+    return compat.make_mesh(shape_t, names, axis_types=axis_types, devices=devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupCheck:
+    """One line of the setup check: what was checked, whether it passed, the fix if not."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        line = f"{'✓' if self.ok else '✗'} {self.name}: {self.detail}"
+        return line if self.ok else f"{line}\n    fix: {self.fix}"
+
+
+def _smoke_shard_map(mesh: jax.sharding.Mesh) -> float:
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def loss(w, x):  # per-shard partial loss, summed over the mesh
+        return jax.lax.psum(jnp.sum((x * w) ** 2), mesh.axis_names)
+
+    x = jnp.arange(float(mesh.size * 2))
+    sharded = jax.jit(jax.shard_map(loss, mesh=mesh, in_specs=(P(), P(mesh.axis_names)), out_specs=P()))
+    got = float(sharded(2.0, x))
+    want = float(jnp.sum((2.0 * x) ** 2))
+    if abs(got - want) > 1e-4 * abs(want):
+        raise AssertionError(f"shard_map sum {got} != single-device {want}")
+    return got
+
+
+def check_setup(n_devices: int = BOOK_DEVICE_COUNT) -> list[SetupCheck]:
+    """Run the book's setup checks (devices, jit, grad, shard_map) and return one line each."""
+    import jax.numpy as jnp
+
+    from beyondgrad import JAX_FLOOR
+
+    checks: list[SetupCheck] = []
+    version = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
+    floor = tuple(int(p) for p in JAX_FLOOR.split("."))
+    checks.append(
+        SetupCheck(
+            "JAX version",
+            version >= floor,
+            f"{jax.__version__} (the book supports {JAX_FLOOR} and newer)",
+            f"upgrade JAX: pip install -U 'jax>={JAX_FLOOR}' (on Colab, pick a newer runtime version)",
+        )
+    )
+    n_cpu = len(jax.devices("cpu"))
+    n_acc = len(jax.devices())
+    enough = max(n_cpu, n_acc) >= n_devices
+    checks.append(
+        SetupCheck(
+            f"{n_devices} devices for the sharding chapters",
+            enough,
+            f"{n_acc} {jax.default_backend()} device(s), {n_cpu} CPU device(s)",
+            f"restart the kernel and call beyondgrad.runtime.ensure_cpu_devices({n_devices}) before any JAX computation",
+        )
+    )
+    try:
+        x = jnp.linspace(0.0, 1.0, 5)
+        jitted = float(jax.jit(lambda v: jnp.sum(jnp.sin(v)))(x))
+        grad = jax.grad(lambda v: jnp.sum(v**3))(x)
+        ok = abs(jitted - float(jnp.sum(jnp.sin(x)))) < 1e-5 and bool(jnp.allclose(grad, 3 * x**2, rtol=1e-5))
+        checks.append(SetupCheck("jit and grad", ok, "sin-sum under jit and d/dx x^3 match their closed forms",
+                                 "reinstall JAX for this platform (see the JAX installation guide)"))
+    except Exception as e:  # report, do not stop the notebook
+        checks.append(SetupCheck("jit and grad", False, f"{type(e).__name__}: {e}", "reinstall JAX for this platform"))
+    if enough:
+        try:
+            mesh = demo_mesh(n_devices, "data")
+            _smoke_shard_map(mesh)
+            kind = mesh.devices.flat[0].platform
+            checks.append(SetupCheck("shard_map", True, f"a psum over {mesh.size} {kind} devices matches one device"))
+        except Exception as e:
+            checks.append(SetupCheck("shard_map", False, f"{type(e).__name__}: {e}",
+                                     "upgrade JAX; jax.shard_map needs the versions the book supports"))
+    else:
+        checks.append(SetupCheck("shard_map", False, "skipped: not enough devices",
+                                 "fix the device check above first"))
+    return checks

@@ -1,0 +1,110 @@
+"""Execute chapters outside the book build and read their error cells.
+
+Convention for cells that must fail: the cell carries the ``raises-exception`` tag and
+its first line is a comment ``# raises ClassName`` (e.g. ``# raises
+jax.errors.TracerBoolConversionError``). The tests check that the executed cell raised
+exactly that class and that the prose just before the cell names it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.book import ROOT, chapter_sources
+
+BUILT = ROOT / "_build" / "jupyter_execute" / "chapters"
+TEST_CACHE = ROOT / "_build" / "test_execute"
+RAISES = re.compile(r"^#\s*raises\s+([A-Za-z_][\w.]*)")
+
+
+def _newest_input_mtime(source: Path) -> float:
+    package = max(p.stat().st_mtime for p in (ROOT / "src" / "beyondgrad").rglob("*.py"))
+    return max(source.stat().st_mtime, package)
+
+
+def execute(source: Path, timeout: int = 600):
+    """Run a chapter top to bottom in a fresh kernel; return (notebook, seconds)."""
+    import jupytext
+    from nbclient import NotebookClient
+
+    nb = jupytext.read(source)
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(source.parent)}}
+    )
+    t0 = time.perf_counter()
+    client.execute()
+    return nb, time.perf_counter() - t0
+
+
+def executed_notebook(source: Path):
+    """The executed chapter: the book build's copy if fresh, else executed here (and cached)."""
+    import nbformat
+
+    source = Path(source)
+    newest = _newest_input_mtime(source)
+    for candidate in (BUILT / f"{source.stem}.ipynb", TEST_CACHE / f"{source.stem}.ipynb"):
+        if candidate.exists() and candidate.stat().st_mtime >= newest:
+            return nbformat.read(candidate, as_version=4)
+    nb, _ = execute(source)
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, TEST_CACHE / f"{source.stem}.ipynb")
+    return nb
+
+
+@dataclass(frozen=True)
+class ErrorCell:
+    index: int
+    expected: str | None  # class named in the "# raises X" comment
+    raised: str | None  # ename of the error output, None if the cell did not raise
+    prose: str  # the markdown just before the cell
+
+
+def error_cells(nb) -> list[ErrorCell]:
+    """Every code cell tagged ``raises-exception``, with what it should and did raise."""
+    found = []
+    prose = ""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            prose = cell.source
+            continue
+        if cell.cell_type != "code" or "raises-exception" not in cell.metadata.get("tags", []):
+            continue
+        m = RAISES.match(cell.source.lstrip())
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        found.append(
+            ErrorCell(
+                index=i,
+                expected=m.group(1).rsplit(".", 1)[-1] if m else None,
+                raised=errors[0]["ename"] if errors else None,
+                prose=prose,
+            )
+        )
+    return found
+
+
+def main(paths: list[str]) -> int:
+    """Execute the given chapters (default: all) and print time and error-cell checks."""
+    sources = [Path(p).resolve() for p in paths] or chapter_sources()
+    worst = 0
+    for source in sources:
+        try:
+            nb, seconds = execute(source)
+        except Exception as e:  # report and go on with the next chapter
+            print(f"FAIL {source.name}: {type(e).__name__}: {str(e)[-2000:]}")
+            worst = 1
+            continue
+        bad = [c for c in error_cells(nb) if c.expected is None or c.raised != c.expected]
+        status = "ok" if not bad else "ERROR-CELLS"
+        print(f"{status} {source.name}: {seconds:.1f} s, {len(error_cells(nb))} error cell(s)")
+        for c in bad:
+            print(f"   cell {c.index}: expected {c.expected} (add '# raises X' first line), raised {c.raised}")
+        worst = max(worst, 1 if bad else 0)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
