@@ -7,8 +7,9 @@
     python3 dev.py chapter chapters/01_tracers.md   # execute one chapter, report errors and time
     python3 dev.py page chapters/01_tracers.md      # build only that chapter as a book, with -W
 
-Options (before the command): --venv DIR (default .venv), --jax VERSION|floor|newest
-(default newest), --force (book: re-execute every notebook, ignoring the cache).
+Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
+--jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX), --force (book:
+re-execute every notebook, ignoring the cache; always on when CI=true).
 Re-running is fast: the environment is reinstalled only when requirements change.
 """
 
@@ -118,15 +119,15 @@ def cmd_chapter(py: Path, paths: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--venv", default=str(ROOT / ".venv"), help="virtual environment to use/create")
-    ap.add_argument("--jax", default="newest", help="JAX version: newest (default), floor, or X.Y.Z")
+    ap.add_argument("--venv", default=os.environ.get("BEYONDGRAD_VENV", str(ROOT / ".venv")), help="virtual environment")
+    ap.add_argument("--jax", default=os.environ.get("BEYONDGRAD_JAX", "newest"), help="newest (default), floor, or X.Y.Z")
     ap.add_argument("--force", action="store_true", help="book: re-execute every notebook")
     ap.add_argument("command", choices=["book", "test", "sync", "chapter", "page", "setup"])
     ap.add_argument("args", nargs=argparse.REMAINDER, help="pytest arguments (test) or chapter files (chapter)")
     ns = ap.parse_args(argv)
     py = ensure_env(Path(ns.venv).resolve(), ns.jax)
     if ns.command == "book":
-        return cmd_book(py, ns.force)
+        return cmd_book(py, ns.force or os.environ.get("CI") == "true")
     if ns.command == "test":
         return cmd_test(py, ns.args)
     if ns.command == "sync":

@@ -1,6 +1,9 @@
 """Sphinx extension for Beyond grad.
 
 * ``{{ jax_floor }}`` substitution from pyproject.toml (one source of truth).
+* ``ipythontb`` lexer that never fails: IPython's traceback lexer stops at characters
+  such as backticks in JAX's error messages, and Sphinx then warns (fatal under ``-W``).
+  Ours keeps IPython's highlighting and passes the untokenisable text through as text.
 * ``{book-status}`` directive: a table, filled at build time, of each executed page's
   run time (myst-nb's execution data) and the JAX/jaxlib/Python versions and devices
   that produced its outputs (the ``describe()`` record printed by its setup cell).
@@ -21,6 +24,20 @@ sys.path.insert(0, str(ROOT))
 from tools.book import jax_floor  # noqa: E402
 
 STATUS_DOC = "status"
+
+
+def robust_traceback_lexer():
+    from IPython.lib.lexers import IPythonTracebackLexer
+    from pygments.token import Error, Text
+
+    class RobustIPythonTracebackLexer(IPythonTracebackLexer):
+        """IPython's traceback lexer, with text it cannot tokenise rendered as plain text."""
+
+        def get_tokens_unprocessed(self, text):
+            for index, token, value in super().get_tokens_unprocessed(text):
+                yield index, (Text if token in Error else token), value
+
+    return RobustIPythonTracebackLexer
 
 
 class status_placeholder(nodes.General, nodes.Element):
@@ -106,6 +123,7 @@ def add_substitutions(app: Sphinx, config) -> None:
 
 
 def setup(app: Sphinx) -> dict:
+    app.add_lexer("ipythontb", robust_traceback_lexer())
     app.add_node(status_placeholder)
     app.add_directive("book-status", BookStatus)
     app.connect("config-inited", add_substitutions)

@@ -120,7 +120,7 @@ def tree_mismatches(
             i = np.unravel_index(int(np.argmax(err - tol)), err.shape) if err.ndim else ()
             idx = f" at index {tuple(int(k) for k in i)}" if err.ndim else ""
             problems.append(
-                f"{where} differs from the reference{idx}: got {a64[i]!r:.6}, expected {r64[i]!r:.6} "
+                f"{where} differs from the reference{idx}: got {a64[i]:.6g}, expected {r64[i]:.6g} "
                 f"(max abs error {float(err.max()):.3g}, allowed {atol:g} + {rtol:g}*|expected|)"
             )
     return problems

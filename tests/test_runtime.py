@@ -1,0 +1,89 @@
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+from beyondgrad import JAX_FLOOR, runtime
+
+
+def test_describe_reports_this_kernel():
+    info = runtime.describe()
+    assert info.jax_version == jax.__version__
+    assert info.platform in {"cpu", "gpu", "tpu"}
+    assert info.device_count == len(jax.devices())
+    assert info.cpu_device_count >= runtime.BOOK_DEVICE_COUNT
+    assert info.on_colab is False
+    text = str(info)
+    assert jax.__version__ in text and info.platform in text
+    data, meta = info._repr_mimebundle_()
+    assert data["text/plain"] == text
+    assert meta["beyondgrad_runtime"]["jax_version"] == jax.__version__
+
+
+def test_ensure_cpu_devices_after_start():
+    # conftest asked for 8 before JAX started; asking again for <= 8 is fine.
+    assert runtime.ensure_cpu_devices(8) >= 8
+    assert runtime.ensure_cpu_devices(1) >= 8
+
+
+def test_ensure_cpu_devices_too_late_names_the_fix():
+    with pytest.raises(RuntimeError, match="Restart the kernel"):
+        runtime.ensure_cpu_devices(10_000)
+
+
+@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-3, ValueError), ("8", TypeError), (8.0, TypeError), (True, TypeError)])
+def test_ensure_cpu_devices_validates(bad, exc):
+    with pytest.raises(exc):
+        runtime.ensure_cpu_devices(bad)
+
+
+@pytest.mark.parametrize("shape, names", [(8, "data"), ((2, 4), ("x", "y")), ((1,), ("d",))])
+def test_demo_mesh_shapes(shape, names):
+    mesh = runtime.demo_mesh(shape, names)
+    want = (shape,) if isinstance(shape, int) else shape
+    assert tuple(mesh.devices.shape) == tuple(want)
+    assert mesh.axis_names == ((names,) if isinstance(names, str) else names)
+    assert all(t == AxisType.Auto for t in mesh.axis_types)
+
+
+def test_demo_mesh_explicit_axes_and_use():
+    mesh = runtime.demo_mesh((2, 4), ("x", "y"), axis_types="explicit")
+    assert all(t == AxisType.Explicit for t in mesh.axis_types)
+    x = jax.device_put(jnp.arange(16.0).reshape(2, 8), NamedSharding(mesh, P("x", "y")))
+    out = jax.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y"))(x)
+    assert jnp.array_equal(out, 2 * jnp.arange(16.0).reshape(2, 8))
+
+
+def test_demo_mesh_errors():
+    with pytest.raises(ValueError, match="axis_names"):
+        runtime.demo_mesh((2, 4), ("x",))
+    with pytest.raises(ValueError, match="distinct"):
+        runtime.demo_mesh((2, 2), ("x", "x"))
+    with pytest.raises(ValueError, match="positive"):
+        runtime.demo_mesh((0,), ("x",))
+    with pytest.raises(RuntimeError, match="ensure_cpu_devices"):
+        runtime.demo_mesh(10_000, "data")
+    with pytest.raises(ValueError, match="axis_types"):
+        runtime.demo_mesh(2, "d", axis_types="manual")
+
+
+def test_check_setup_passes_here():
+    checks = runtime.check_setup(8)
+    assert [c.name for c in checks][0] == "JAX version"
+    assert all(c.ok for c in checks), "\n".join(map(str, checks))
+    assert all(str(c).startswith("✓") for c in checks)
+
+
+def test_check_setup_reports_missing_devices_with_fix():
+    checks = runtime.check_setup(10_000)
+    bad = [c for c in checks if not c.ok]
+    assert {c.name for c in bad} == {"10000 devices for the sharding chapters", "shard_map"}
+    assert "ensure_cpu_devices(10000)" in str(bad[0]) and str(bad[0]).startswith("✗")
+
+
+def test_jax_floor_is_the_package_requirement():
+    from tools.book import jax_floor
+
+    assert JAX_FLOOR == jax_floor()
+    installed = tuple(int(p) for p in jax.__version__.split(".")[:3])
+    assert installed >= tuple(int(p) for p in JAX_FLOOR.split("."))
