@@ -46,9 +46,8 @@ def ensure_env(env: Path, jax_spec: str) -> Path:
     if sys.version_info < (3, 11):
         sys.exit(f"Python 3.11+ is needed, this is {sys.version.split()[0]}")
     reqs = jax_requirements(jax_spec)
-    stamp_text = "\n".join(
-        [sys.version, *reqs, (ROOT / "requirements.txt").read_text(), (ROOT / "pyproject.toml").read_text()]
-    )
+    # The venv keeps the Python it was created with; the stamp covers what is installed into it.
+    stamp_text = "\n".join([*reqs, (ROOT / "requirements.txt").read_text(), (ROOT / "pyproject.toml").read_text()])
     stamp = hashlib.sha256(stamp_text.encode()).hexdigest()
     stamp_file = env / ".beyondgrad-stamp"
     py = venv_python(env)

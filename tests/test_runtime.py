@@ -87,3 +87,16 @@ def test_jax_floor_is_the_package_requirement():
     assert JAX_FLOOR == jax_floor()
     installed = tuple(int(p) for p in jax.__version__.split(".")[:3])
     assert installed >= tuple(int(p) for p in JAX_FLOOR.split("."))
+
+
+def test_ensure_cpu_devices_in_a_fresh_process_creates_exactly_n():
+    import subprocess
+    import sys
+
+    code = (
+        "from beyondgrad import runtime; import jax;"
+        "print(runtime.ensure_cpu_devices(3), len(jax.devices('cpu')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "3"]
