@@ -85,6 +85,8 @@ def md_to_notebook(source: Path) -> dict:
     import jupytext
 
     nb = jupytext.read(source)
+    for i, cell in enumerate(nb.cells):  # stable ids: a re-sync of an unchanged chapter is a no-op
+        cell["id"] = f"cell-{i:03d}"
     nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,md:myst"
     nb.metadata["colab"] = {"provenance": []}
     return json.loads(jupytext.writes(nb, fmt="ipynb"))
