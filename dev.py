@@ -68,7 +68,6 @@ def ensure_env(env: Path, jax_spec: str) -> Path:
 
 def run_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("MPLBACKEND", "Agg")
     # Several notebooks may share one GPU during a build: allocate on demand.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))

@@ -100,3 +100,18 @@ def test_ensure_cpu_devices_in_a_fresh_process_creates_exactly_n():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["3", "3"]
+
+
+def test_glue_prints_without_myst_nb(monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_myst_nb(name, *args, **kwargs):
+        if name == "myst_nb":
+            raise ImportError("not on Colab")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_myst_nb)
+    runtime.glue("ratio", 2.5, display=False)
+    assert capsys.readouterr().out == "ratio = 2.5\n"

@@ -24,6 +24,20 @@ from beyondgrad import compat
 BOOK_DEVICE_COUNT = 8
 
 
+def glue(name: str, value: object, display: bool = True) -> None:
+    """Make ``value`` available to the prose as ``{glue}`name```: myst-nb's ``glue``.
+
+    The built book reads glued values from the executed notebook; where myst-nb is not
+    installed (Colab) the value is printed instead, so the reader still sees the number.
+    """
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        print(f"{name} = {value}")
+        return
+    myst_glue(name, value, display=display)
+
+
 def on_colab() -> bool:
     """True inside a Google Colab kernel."""
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
