@@ -95,7 +95,7 @@ def cmd_page(py: Path, paths: list[str]) -> int:
     out = ROOT / "_build" / "pages" / "-".join(Path(s).name for s in stems)
     out.mkdir(parents=True, exist_ok=True)
     toc = out / "_toc.yml"
-    entries = "\n".join(f"      - file: {s}" for s in [*stems, "glossary", "status"])
+    entries = "\n".join(f"      - file: {s}" for s in dict.fromkeys(["chapters/00_setup", *stems, "glossary", "status"]))
     toc.write_text(f"format: jb-book\nroot: intro\nparts:\n  - caption: Chapters\n    chapters:\n{entries}\n")
     cmd = [str(py.parent / "jupyter-book"), "build", str(ROOT), "--toc", str(toc), "--path-output", str(out)]
     rc = subprocess.run([*cmd, "-W", "-n", "--keep-going"], env=run_env()).returncode
