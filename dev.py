@@ -95,8 +95,11 @@ def cmd_page(py: Path, paths: list[str]) -> int:
     out = ROOT / "_build" / "pages" / "-".join(Path(s).name for s in stems)
     out.mkdir(parents=True, exist_ok=True)
     toc = out / "_toc.yml"
-    entries = "\n".join(f"      - file: {s}" for s in dict.fromkeys(["chapters/00_setup", *stems, "glossary", "status"]))
-    toc.write_text(f"format: jb-book\nroot: intro\nparts:\n  - caption: Chapters\n    chapters:\n{entries}\n")
+    # The first page is the root, so the intro (which links every chapter) stays out;
+    # links from these pages to chapters outside the selection still warn.
+    rest = [p for p in dict.fromkeys([*stems[1:], "glossary", "status"]) if p != stems[0]]
+    entries = "\n".join(f"      - file: {s}" for s in rest)
+    toc.write_text(f"format: jb-book\nroot: {stems[0]}\nparts:\n  - caption: Pages\n    chapters:\n{entries}\n")
     cmd = [str(py.parent / "jupyter-book"), "build", str(ROOT), "--toc", str(toc), "--path-output", str(out)]
     rc = subprocess.run([*cmd, "-W", "-n", "--keep-going"], env=run_env()).returncode
     print(f"[dev] page build exited {rc}; open {out}/_build/html/index.html")

@@ -116,6 +116,19 @@ def always_rewrite_status(app, env, added, changed, removed):
     return [STATUS_DOC] if STATUS_DOC in env.found_docs else []
 
 
+def drop_launch_without_notebook(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """Remove the launch (Colab) buttons from executed pages that have no .ipynb twin.
+
+    The theme would point Colab at the page's .md source, which Colab cannot open. Only
+    chapters are paired with an .ipynb; other executed pages (the appendix) are read here.
+    """
+    source = Path(app.env.doc2path(pagename))
+    if source.with_suffix(".ipynb").exists():
+        return
+    buttons = context.get("header_buttons", [])
+    buttons[:] = [b for b in buttons if b.get("label") != "launch-buttons"]
+
+
 def add_substitutions(app: Sphinx, config) -> None:
     subs = dict(getattr(config, "myst_substitutions", {}) or {})
     subs.setdefault("jax_floor", jax_floor())
@@ -128,5 +141,6 @@ def setup(app: Sphinx) -> dict:
     app.add_directive("book-status", BookStatus)
     app.connect("config-inited", add_substitutions)
     app.connect("doctree-resolved", fill_status)
+    app.connect("html-page-context", drop_launch_without_notebook, priority=502)  # after the theme
     app.connect("env-get-outdated", always_rewrite_status)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
