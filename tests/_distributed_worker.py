@@ -73,7 +73,7 @@ def global_inputs():
     """
     import jax
 
-    from beyondgrad.laplacian import init_params
+    from beyondgrad.slater import init_params
 
     params = init_params(jax.random.key(SEED), N_ELECTRONS, hidden=HIDDEN, dtype=np.float64)
     walkers = np.random.default_rng(SEED).normal(size=(N_WALKERS, N_ELECTRONS, 3))
@@ -97,7 +97,7 @@ def run_single(local_devices: int) -> dict:
     from jax.sharding import PartitionSpec as P
 
     from beyondgrad import runtime
-    from beyondgrad.laplacian import energy_and_grad, sharded_energy_and_grad, wavefunction
+    from beyondgrad.slater import energy_and_grad, sharded_energy_and_grad, wavefunction
 
     params, walkers = global_inputs()
     energy, grad = energy_and_grad(wavefunction, params, jax.numpy.asarray(walkers), method="loop")
@@ -115,7 +115,7 @@ def run_multi(port: int, process_id: int, num_processes: int, local_devices: int
     from jax.sharding import PartitionSpec as P
 
     from beyondgrad import compat
-    from beyondgrad.laplacian import sharded_energy_and_grad, wavefunction
+    from beyondgrad.slater import sharded_energy_and_grad, wavefunction
 
     # 1. Join the job. Process 0 also runs the coordinator service; by default it
     #    listens on every interface, so the test binds it to loopback explicitly.

@@ -1,0 +1,330 @@
+"""Slater-determinant wavefunctions and their VMC energy and gradient (Chapter 5).
+
+Conventions
+-----------
+* ``positions`` are ``(n, 3)``: electron ``i`` sits at ``positions[i]``.
+* ``orbitals(r)`` maps one position ``r`` of shape ``(3,)`` to the ``n`` single-particle
+  orbital values :math:`(\\varphi_1(r),\\dots,\\varphi_n(r))`.
+* The Slater matrix is :math:`A_{ij}=\\varphi_j(r_i)` and :math:`\\psi=\\det A`; we only
+  ever form :math:`\\log|\\psi|` (``jnp.linalg.slogdet``).
+* A wavefunction ``log_psi(params, positions) -> scalar`` takes ``(n, 3)`` positions.
+  :func:`mlp_log_psi` is a ready-made one, with parameters from :func:`init_params`.
+
+Local energy (atomic units, ħ = m = e = 1) of ``n`` electrons in a harmonic trap
+(frequency ``omega``) that repel each other by Coulomb's law:
+
+.. math::
+   E_L(x) = -\\tfrac12\\big(\\Delta\\log|\\psi| + |\\nabla\\log|\\psi||^2\\big)
+            + \\tfrac12\\omega^2\\sum_i |r_i|^2 + \\sum_{i<j} \\frac1{|r_i-r_j|}.
+
+The gradient returned by :func:`energy_and_grad` is, by default (``estimator="vmc"``),
+the VMC estimator :math:`2\\,\\mathbb{E}[(E_L-\\bar E)\\nabla_\\theta\\log|\\psi|]` of the
+gradient of the energy expectation :math:`\\langle\\psi|H|\\psi\\rangle/\\langle\\psi|\\psi\\rangle`
+with walkers drawn from :math:`|\\psi|^2`. With ``estimator="direct"`` it is the gradient
+of the batch mean of :math:`E_L` (differentiating through the Laplacian), which is a
+different quantity: right for a fixed set of points, not for the variational energy.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg
+from jax.sharding import PartitionSpec as P
+
+from beyondgrad import compat
+from beyondgrad.laplacian import Method, _check_method, basis, kinetic_energy
+
+Params = dict[str, Any]
+Estimator = Literal["vmc", "direct"]
+
+
+def _check_positions(positions: jax.Array) -> jax.Array:
+    positions = jnp.asarray(positions)
+    if positions.ndim != 2 or positions.shape[1] != 3:
+        raise ValueError(f"positions must have shape (n, 3) (n electrons in 3-D), got {positions.shape}")
+    if not jnp.issubdtype(positions.dtype, jnp.floating):
+        raise TypeError(f"positions must be a floating-point array, got dtype {positions.dtype}")
+    return positions
+
+
+def _check_orbitals(orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array) -> None:
+    if not callable(orbitals):
+        raise TypeError(f"orbitals must be a function r (3,) -> (n,), got {type(orbitals).__name__}")
+    n = positions.shape[0]
+    out = jax.eval_shape(orbitals, positions[0])
+    if getattr(out, "shape", None) != (n,):
+        raise ValueError(
+            f"orbitals must map one position (3,) to the {n} orbital values (n,) for n = {n} electrons, "
+            f"got output shape {getattr(out, 'shape', type(out).__name__)}"
+        )
+
+
+def slater_matrix(orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array) -> jax.Array:
+    """The Slater matrix :math:`A_{ij}=\\varphi_j(r_i)`, shape ``(n, n)``."""
+    positions = _check_positions(positions)
+    _check_orbitals(orbitals, positions)
+    return jax.vmap(orbitals)(positions)
+
+
+def slater_log_psi(orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array) -> jax.Array:
+    """:math:`\\log|\\det A|` with :math:`A_{ij}=\\varphi_j(r_i)` (``slogdet``, never ``log(det)``)."""
+    return jnp.linalg.slogdet(slater_matrix(orbitals, positions))[1]
+
+
+def slater_laplacian(
+    orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(log|ψ|, ∇log|ψ|, Δlog|ψ|)`` for single-particle orbitals, in :math:`O(n^3)`.
+
+    Electron :math:`i` only enters row :math:`i` of :math:`A`, so with
+    :math:`B = A^{-1}`:
+
+    .. math::
+       \\nabla_{r_i}\\log|\\det A| = \\sum_j B_{ji}\\,\\nabla\\varphi_j(r_i), \\qquad
+       \\Delta\\log|\\det A| = \\sum_{i,j} B_{ji}\\,\\Delta\\varphi_j(r_i) - |\\nabla\\log|\\det A||^2 .
+
+    The orbital gradients and Laplacians (3 directions per electron) come from forward
+    mode. Shapes: scalar, ``(n, 3)``, scalar. Only valid when each orbital depends on
+    one electron; with FermiNet-style equivariant orbitals use :func:`laplacian`.
+    """
+    positions = _check_positions(positions)
+    _check_orbitals(orbitals, positions)
+
+    def derivatives(r: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        def along(e: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+            # forward over forward mode along e: value, first and second directional derivatives
+            def value_and_slope(s: jax.Array) -> tuple[jax.Array, jax.Array]:
+                return jax.jvp(orbitals, (s,), (e,))
+
+            (value, first), (_, second) = jax.jvp(value_and_slope, (r,), (e,))
+            return value, first, second
+
+        value, first, second = jax.vmap(along)(basis(r))  # (3, n) each
+        return value[0], first.T, jnp.sum(second, axis=0)
+
+    phi, dphi, lphi = jax.vmap(derivatives)(positions)  # (n, n), (n, n, 3), (n, n)
+    # one LU factorisation gives both log|det A| (its diagonal) and B = A^{-1}
+    lu, pivots = jax.scipy.linalg.lu_factor(phi)
+    logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(lu))))
+    b = jax.scipy.linalg.lu_solve((lu, pivots), _eye_like(phi))
+    grad = jnp.einsum("ji,ijd->id", b, dphi)
+    lap = jnp.einsum("ji,ij->", b, lphi) - jnp.sum(grad * grad)
+    return logdet, grad, lap
+
+
+def _eye_like(a: jax.Array) -> jax.Array:
+    """``eye(n)`` with ``a``'s dtype and varying mesh axes (a right-hand side solved against ``a``)."""
+    return compat.pcast_varying(jnp.eye(a.shape[0], dtype=a.dtype), tuple(sorted(compat.varying_axes(a))))
+
+
+# ---------------------------------------------------------------------------------------
+# A ready-made wavefunction: MLP orbitals times a Gaussian envelope
+
+
+def init_params(key: jax.Array, n_electrons: int, *, hidden: int = 32, dtype: Any = jnp.float32) -> Params:
+    """Parameters of :func:`mlp_orbitals` for ``n_electrons`` orbitals and one hidden layer.
+
+    The ``n`` orbitals are combinations of ``hidden + 4`` functions (the hidden features,
+    1, x, y, z) times their envelopes, so keep ``hidden`` comfortably above ``n``: with
+    ``hidden + 4 < n`` the determinant is close to 0 everywhere.
+
+    Returns ``{"w1": (3, hidden), "b1": (hidden,), "w2": (hidden, n), "b2": (n,),
+    "wl": (3, n), "decay": (n,)}``.
+    """
+    if isinstance(n_electrons, bool) or not isinstance(n_electrons, int) or n_electrons < 1:
+        raise ValueError(f"n_electrons must be a positive int, got {n_electrons!r}")
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+        raise ValueError(f"hidden must be a positive int, got {hidden!r}")
+    k1, k2, k3, k4, k5 = jax.random.split(key, 5)
+    n = n_electrons
+    return {
+        "w1": jax.random.normal(k1, (3, hidden), dtype),
+        "b1": 0.5 * jax.random.normal(k2, (hidden,), dtype),
+        "w2": jax.random.normal(k3, (hidden, n), dtype) / jnp.sqrt(jnp.asarray(hidden, dtype)),
+        "b2": 0.1 * jax.random.normal(k4, (n,), dtype),
+        "wl": jax.random.normal(k5, (3, n), dtype),
+        "decay": jnp.linspace(-1.0, 1.0, n, dtype=dtype),  # distinct envelope widths per orbital
+    }
+
+
+def mlp_orbitals(params: Params, r: jax.Array) -> jax.Array:
+    """:math:`\\varphi(r) = (\\tanh(rW_1+b_1)W_2 + b_2 + rW_l)\\,\\odot\\,e^{-\\mathrm{softplus}(d)|r|^2/2}`, shape ``(n,)``."""
+    features = jnp.tanh(r @ params["w1"] + params["b1"])
+    envelope = jnp.exp(-0.5 * jax.nn.softplus(params["decay"]) * jnp.sum(r * r))
+    return (features @ params["w2"] + params["b2"] + r @ params["wl"]) * envelope
+
+
+def mlp_log_psi(params: Params, positions: jax.Array) -> jax.Array:
+    """log|ψ| of the Slater determinant of :func:`mlp_orbitals`; ``positions`` ``(n, 3)``."""
+    return slater_log_psi(functools.partial(mlp_orbitals, params), positions)
+
+
+#: The ready-made ``log_psi(params, positions)``.
+wavefunction = mlp_log_psi
+
+
+# ---------------------------------------------------------------------------------------
+# Energies
+
+
+def potential_energy(positions: jax.Array, *, omega: float = 1.0) -> jax.Array:
+    """:math:`\\tfrac12\\omega^2\\sum_i|r_i|^2 + \\sum_{i<j}1/|r_i-r_j|` for ``(n, 3)`` positions."""
+    positions = _check_positions(positions)
+    n = positions.shape[0]
+    trap = 0.5 * omega**2 * jnp.sum(positions * positions)
+    diff = positions[:, None, :] - positions[None, :, :]
+    eye = jnp.eye(n, dtype=positions.dtype)
+    dist = jnp.sqrt(jnp.sum(diff * diff, axis=-1) + eye)  # + eye: no sqrt(0) on the diagonal
+    upper = jnp.triu(jnp.ones((n, n), dtype=positions.dtype), k=1)
+    return trap + jnp.sum(upper / dist)
+
+
+def local_energy(
+    log_psi: Callable[[Params, jax.Array], jax.Array],
+    params: Params,
+    positions: jax.Array,
+    *,
+    method: Method = "loop",
+    key: jax.Array | None = None,
+    omega: float = 1.0,
+) -> jax.Array:
+    """:math:`E_L = -\\tfrac12(\\Delta\\log|\\psi|+|\\nabla\\log|\\psi||^2) + V` at ``(n, 3)`` positions."""
+    positions = _check_positions(positions)
+    kin = kinetic_energy(lambda x: log_psi(params, x), positions, method=method, key=key)
+    return kin + potential_energy(positions, omega=omega)
+
+
+def _check_walkers(walkers: jax.Array) -> jax.Array:
+    walkers = jnp.asarray(walkers) if not isinstance(walkers, jax.Array) else walkers
+    if walkers.ndim != 3 or walkers.shape[2] != 3:
+        raise ValueError(f"walkers must have shape (batch, n, 3), got {walkers.shape}")
+    return walkers
+
+
+def _check_estimator(estimator: str) -> None:
+    if estimator not in ("vmc", "direct"):
+        raise ValueError(f"estimator must be 'vmc' or 'direct', got {estimator!r}")
+
+
+def _batch_energy_and_grad(
+    log_psi: Callable[[Params, jax.Array], jax.Array],
+    params: Params,
+    walkers: jax.Array,
+    *,
+    method: str,
+    estimator: str,
+    key: jax.Array | None,
+    omega: float,
+    total: Callable[[jax.Array], jax.Array],
+    count: int,
+) -> tuple[jax.Array, Params]:
+    """Shared body: ``total`` sums over this batch (``jnp.sum``) or over all shards (psum of sums)."""
+
+    def energies(p: Params) -> jax.Array:
+        return jax.vmap(lambda x: local_energy(log_psi, p, x, method=method, key=key, omega=omega))(walkers)
+
+    if estimator == "direct":
+        def mean_energy(p: Params) -> jax.Array:
+            return total(energies(p)) / count
+
+        return jax.value_and_grad(mean_energy)(params)
+    e_l = energies(params)
+    mean = total(e_l) / count
+    centred = jax.lax.stop_gradient(e_l - mean)
+
+    def surrogate(p: Params) -> jax.Array:  # its gradient is 2 E[(E_L - Ē) ∇θ log|ψ|]
+        return 2.0 * total(centred * jax.vmap(lambda x: log_psi(p, x))(walkers)) / count
+
+    return mean, jax.grad(surrogate)(params)
+
+
+def energy_and_grad(
+    log_psi: Callable[[Params, jax.Array], jax.Array],
+    params: Params,
+    walkers: jax.Array,
+    *,
+    method: Method = "loop",
+    estimator: Estimator = "vmc",
+    key: jax.Array | None = None,
+    omega: float = 1.0,
+) -> tuple[jax.Array, Params]:
+    """Mean local energy over ``walkers`` ``(B, n, 3)`` and its parameter gradient, on one device.
+
+    ``log_psi(params, positions)`` takes ``(n, 3)`` positions. ``estimator="vmc"`` (default)
+    returns :math:`\\frac2B\\sum_b (E_L(x_b)-\\bar E)\\nabla_\\theta\\log|\\psi(x_b)|`;
+    ``"direct"`` returns :math:`\\nabla_\\theta \\frac1B\\sum_b E_L(x_b)`. ``method`` picks the
+    Laplacian (``key`` is needed for ``"hutchinson"``).
+    """
+    _check_method(method)
+    _check_estimator(estimator)
+    walkers = _check_walkers(walkers)
+    fn = _single_device(log_psi, method, estimator, float(omega))
+    return fn(params, walkers, key)
+
+
+@functools.lru_cache(maxsize=64)
+def _single_device(log_psi: Callable, method: str, estimator: str, omega: float) -> Callable:
+    def step(params: Params, walkers: jax.Array, key: jax.Array | None) -> tuple[jax.Array, Params]:
+        return _batch_energy_and_grad(
+            log_psi, params, walkers, method=method, estimator=estimator, key=key, omega=omega,
+            total=jnp.sum, count=walkers.shape[0],
+        )
+
+    return jax.jit(step)
+
+
+def sharded_energy_and_grad(
+    log_psi: Callable[[Params, jax.Array], jax.Array],
+    params: Params,
+    walkers: jax.Array,
+    mesh: jax.sharding.Mesh,
+    *,
+    axis_name: str = "data",
+    method: Method = "loop",
+    estimator: Estimator = "vmc",
+    key: jax.Array | None = None,
+    omega: float = 1.0,
+) -> tuple[jax.Array, Params]:
+    """:func:`energy_and_grad` inside ``jax.shard_map`` (``check_vma=True``), walkers sharded over ``axis_name``.
+
+    Parameters are invariant (``P()``), walkers ``P(axis_name)``. Each shard sums its
+    local energies; a ``psum`` over ``axis_name`` gives the global sums, divided by the
+    global batch size. The loss is thus the same global mean as on one device, and
+    the gradient of the invariant parameters (whose transpose already sums over the
+    shards) equals the single-device gradient. No ``pmean`` is applied to it: that would
+    be the Chapter 4 device-count bug. Returns invariant (replicated) outputs.
+    """
+    _check_method(method)
+    _check_estimator(estimator)
+    walkers = _check_walkers(walkers)
+    if axis_name not in mesh.axis_names:
+        raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {tuple(mesh.axis_names)}")
+    size = mesh.shape[axis_name]
+    if walkers.shape[0] % size:
+        raise ValueError(
+            f"the number of walkers ({walkers.shape[0]}) must be divisible by the size of mesh axis "
+            f"{axis_name!r} ({size})"
+        )
+    fn = _sharded(log_psi, mesh, axis_name, method, estimator, float(omega), walkers.shape[0])
+    return fn(params, walkers, key)
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded(
+    log_psi: Callable, mesh: jax.sharding.Mesh, axis_name: str, method: str, estimator: str, omega: float, count: int
+) -> Callable:
+    def step(params: Params, walkers: jax.Array, key: jax.Array | None) -> tuple[jax.Array, Params]:
+        return _batch_energy_and_grad(
+            log_psi, params, walkers, method=method, estimator=estimator, key=key, omega=omega,
+            total=lambda v: jax.lax.psum(jnp.sum(v), axis_name), count=count,
+        )
+
+    sharded = jax.shard_map(
+        step, mesh=mesh, in_specs=(P(), P(axis_name), P()), out_specs=(P(), P()), check_vma=True
+    )
+    return jax.jit(sharded)
