@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from sphinx.util.docutils import SphinxDirective
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tools.book import jax_floor  # noqa: E402
+from tools.book import cached_execution, jax_floor  # noqa: E402
 
 STATUS_DOC = "status"
 
@@ -49,12 +48,11 @@ class BookStatus(SphinxDirective):
         return [status_placeholder()]
 
 
-def _runtime_record(outdir: Path, docname: str) -> dict | None:
-    executed = outdir.parent / "jupyter_execute" / f"{docname}.ipynb"
-    if not executed.exists():
+def _runtime_record(source: Path) -> dict | None:
+    found = cached_execution(source)
+    if found is None:
         return None
-    nb = json.loads(executed.read_text())
-    for cell in nb["cells"]:
+    for cell in found[0]["cells"]:
         for out in cell.get("outputs", []):
             rec = out.get("metadata", {}).get("beyondgrad_runtime")
             if isinstance(rec, dict):
@@ -94,7 +92,7 @@ def fill_status(app: Sphinx, doctree: nodes.document, docname: str) -> None:
         data = NbMetadataCollector.get_exec_data(env, doc)
         if not data:
             continue
-        rec = _runtime_record(Path(app.outdir), doc) or {}
+        rec = _runtime_record(Path(env.doc2path(doc))) or {}
         devices = f"{rec['platform']}: {rec['device_count']} x {rec['device_kind']}" if rec else "(no describe() output)"
         rows.append(
             [
@@ -129,6 +127,23 @@ def drop_launch_without_notebook(app: Sphinx, pagename: str, templatename: str, 
     buttons[:] = [b for b in buttons if b.get("label") != "launch-buttons"]
 
 
+def dedupe_inline_scripts(app: Sphinx, pagename, templatename, context, doctree) -> None:
+    """Drop repeated inline scripts from a page.
+
+    Sphinx 7.4 adds an inline script registered after ``Builder.init()`` (sphinx-thebe's
+    ``const THEBE_JS_URL``, sphinx-togglebutton's selector) twice, once with filename
+    ``None`` and once with ``''``; the second ``const`` declaration is a JavaScript
+    SyntaxError on every page (tests/test_browser.py catches it).
+    """
+    seen, unique = set(), []
+    for js in context.get("script_files", []):
+        key = (js.filename or "", js.priority, tuple(sorted(js.attributes.items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(js)
+    context["script_files"] = unique
+
+
 def add_substitutions(app: Sphinx, config) -> None:
     subs = dict(getattr(config, "myst_substitutions", {}) or {})
     subs.setdefault("jax_floor", jax_floor())
@@ -143,4 +158,5 @@ def setup(app: Sphinx) -> dict:
     app.connect("doctree-resolved", fill_status)
     app.connect("html-page-context", drop_launch_without_notebook, priority=502)  # after the theme
     app.connect("env-get-outdated", always_rewrite_status)
+    app.connect("html-page-context", dedupe_inline_scripts, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

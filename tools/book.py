@@ -72,6 +72,36 @@ def colab_url(source: Path) -> str:
     return f"{COLAB}/github/{m.group(1)}/{m.group(2)}/blob/{branch}/{rel}"
 
 
+def cached_execution(source: Path):
+    """(notebook, executed-at timestamp) of ``source`` from the book build's jupyter-cache.
+
+    myst-nb writes ``_build/jupyter_execute/*.ipynb`` without outputs when it serves a
+    page from its cache, so readers of executed outputs (the status page, the error-cell
+    tests) look here. The cache matches on the code cells, so an edited chapter misses.
+    Returns None when there is no matching record.
+    """
+    cache_dir = ROOT / "_build" / ".jupyter_cache"
+    if not cache_dir.exists():
+        return None
+    import jupytext
+    from jupyter_cache import get_cache
+
+    cache = get_cache(cache_dir)
+    nb = jupytext.read(source)
+    try:
+        record = cache.match_cache_notebook(nb)
+    except KeyError:
+        return None
+    # The cache keeps code cells and their outputs; the prose comes from the source.
+    cached = [c for c in cache.get_cache_bundle(record.pk).nb.cells if c.cell_type == "code"]
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    if len(cached) != len(code):
+        return None
+    for cell, done in zip(code, cached):
+        cell.outputs = done.outputs
+    return nb, record.created.timestamp()
+
+
 def _cells(nb: dict) -> list[tuple[str, str, tuple[str, ...]]]:
     out = []
     for c in nb["cells"]:

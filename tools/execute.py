@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.book import ROOT, chapter_sources
+from tools.book import ROOT, cached_execution, chapter_sources
 
-BUILT = ROOT / "_build" / "jupyter_execute" / "chapters"
 TEST_CACHE = ROOT / "_build" / "test_execute"
 RAISES = re.compile(r"^#\s*raises\s+([A-Za-z_][\w.]*)")
 
@@ -41,14 +40,17 @@ def execute(source: Path, timeout: int = 600):
 
 
 def executed_notebook(source: Path):
-    """The executed chapter: the book build's copy if fresh, else executed here (and cached)."""
+    """The executed chapter: the book build's (jupyter-cache) copy if fresh, else executed here."""
     import nbformat
 
     source = Path(source)
     newest = _newest_input_mtime(source)
-    for candidate in (BUILT / f"{source.stem}.ipynb", TEST_CACHE / f"{source.stem}.ipynb"):
-        if candidate.exists() and candidate.stat().st_mtime >= newest:
-            return nbformat.read(candidate, as_version=4)
+    built = cached_execution(source)
+    if built is not None and built[1] >= newest:
+        return built[0]
+    candidate = TEST_CACHE / f"{source.stem}.ipynb"
+    if candidate.exists() and candidate.stat().st_mtime >= newest:
+        return nbformat.read(candidate, as_version=4)
     nb, _ = execute(source)
     TEST_CACHE.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, TEST_CACHE / f"{source.stem}.ipynb")

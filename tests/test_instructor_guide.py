@@ -1,0 +1,244 @@
+"""The instructor guide quotes what the exercise checkers print: keep those quotes true.
+
+Each case below is a mistake the guide describes. The test gives the mistaken answer to
+the real checker and asserts that (1) the checker rejects it, (2) its output contains the
+quoted text, and (3) the guide contains the same text. A checker whose wording changes,
+or a guide that drifts from the checkers, fails here with both texts in the message.
+Timing-dependent outputs (the Jacobian-strategy timings) are not quoted in full.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+from beyondgrad import compat, implicit, linear, sharding, tracers
+from beyondgrad import laplacian as L
+from tools import book
+
+GUIDE = book.ROOT / "instructor_guide.md"
+CHAPTER_MODULES = {
+    "01_tracers": "tracers",
+    "02_linearize_transpose": "linear",
+    "03_implicit_diff": "implicit",
+    "04_shard_map_vma": "sharding",
+    "05_laplacians": "laplacian",
+}
+
+
+def normalized(text: str) -> str:
+    """Whitespace collapsed, so that a quote may wrap over lines in the guide."""
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def guide_text() -> str:
+    return normalized(GUIDE.read_text())
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+def _while_loop_solve(theta):
+    body = lambda c: (0.5 * jnp.cos(c[0]) + theta, c[1] + 1)  # noqa: E731
+    return lax.while_loop(lambda c: c[1] < 100, body, (jnp.zeros_like(theta), 0))[0]
+
+
+def _five_iterations(theta):
+    x = jnp.zeros_like(theta)
+    for _ in range(5):
+        x = 0.5 * jnp.cos(x) + theta
+    return x
+
+
+def _loose_tolerance_grad(b):
+    params = implicit.exercise3_params()
+
+    def total(bb):
+        p = {**params, "b": bb}
+        z, _ = implicit.fixed_point(implicit.deq_layer, jnp.zeros_like(bb), p, tol=1e-3, max_iter=1000)
+        return jnp.sum(z)
+
+    return jax.grad(total)(b)
+
+
+def _loose_tolerance_check(strict: bool = False):
+    with jax.enable_x64(True):
+        return implicit.check_tolerance_fix(_loose_tolerance_grad, strict=strict)
+
+
+def _step_pmean_of_local_grad(w, X, y):
+    return w - 0.1 * lax.pmean(jax.grad(sharding.mse_loss)(w, X, y), "data")
+
+
+def _invariant_carry(x):
+    return lax.fori_loop(0, 3, lambda k, acc: acc + (k + 1) * x, jnp.zeros(x.shape))
+
+
+def _hvp_sum_not_diagonal(f, x):
+    g, hvp = jax.linearize(jax.grad(f), x)
+    eye = jnp.eye(x.shape[0], dtype=x.dtype)
+    return lax.fori_loop(0, x.shape[0], lambda i, acc: acc + hvp(eye[i]).sum(), jnp.zeros_like(g[0]))
+
+
+def _kinetic_loop(log_psi, x, *, cast_basis: bool, varying_init: bool):
+    f = lambda v: log_psi(v.reshape(x.shape))  # noqa: E731
+    g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
+    eye = jnp.eye(g.shape[0], dtype=g.dtype)
+    if cast_basis:
+        eye = compat.pcast_varying(eye, tuple(compat.varying_axes(g)))
+    init = jnp.zeros_like(g[0]) if varying_init else jnp.zeros((), g.dtype)
+    lap = lax.fori_loop(0, g.shape[0], lambda i, acc: acc + hvp(eye[i])[i], init)
+    return -0.5 * (lap + g @ g)
+
+
+_WEIGHTS = jnp.linspace(1.0, 2.0, 6)
+
+
+@dataclass(frozen=True)
+class Mistake:
+    name: str
+    check: Callable[[], object]  # returns the checker's Feedback
+    quote: str  # text that the checker prints and the guide quotes
+
+
+MISTAKES = [
+    Mistake("stub", lambda: tracers.check_fix_jit(_stub),
+            "is still the stub: replace `raise NotImplementedError` with your code"),
+    Mistake("ch1-jit-without-static", lambda: tracers.check_fix_jit(jax.jit(tracers.repeat_sin)),
+            "your jitted function raised TracerIntegerConversionError: The __index__() method was called "
+            "on traced array with shape int32[]"),
+    Mistake("ch1-retrace-all-true", lambda: tracers.check_predict_retraces([True] * 9),
+            "call 5 (np.ndarray float32[3], n=2): you said retrace, jit reused a cached trace"),
+    Mistake("ch1-retrace-0d",
+            lambda: tracers.check_predict_retraces([True, False, True, True, True, False, False, True, False]),
+            "call 6 (jax.Array float32[], n=2): you said cached, jit traced it again"),
+    Mistake("ch1-inner-where-only",
+            lambda: tracers.check_finite_grad(lambda x: jnp.exp(-1.0 / jnp.where(x > 0, x, 1.0))),
+            "value differs from the reference at index (0,): got 0.367879, expected 0"),
+    Mistake("ch1-one-where", lambda: tracers.check_finite_grad(tracers.bump),
+            "gradient has 2 non-finite value(s) (nan/inf); the reference is finite"),
+    Mistake("ch1-python-if", lambda: tracers.check_finite_grad(lambda x: jnp.exp(-1.0 / x) if x > 0 else 0.0),
+            "your function (under vmap) raised TracerBoolConversionError"),
+    Mistake("ch2-forgot-s", lambda: linear.check_transpose(
+                lambda v: {"x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, -1), "s": jnp.zeros(())}),
+            "your_transpose(v)['s'] differs from the reference: got 0, expected"),
+    Mistake("ch2-cumsum-not-reversed", lambda: linear.check_transpose(
+                lambda v: {"x": jnp.cumsum(v) - jnp.roll(v, -1), "s": jnp.vdot(_WEIGHTS, v)}),
+            "your_transpose(v)['x'] differs from the reference at index ("),
+    Mistake("ch2-grad-of-dict", lambda: linear.check_rebuilt_jacrev(lambda f, p: jax.grad(f)(p)),
+            "your function raised TypeError: Gradient only defined for scalar-output functions"),
+    Mistake("ch2-strategy-typo", lambda: linear.check_jacobian_strategy("reverse"),
+            "answer 'jacfwd' or 'jacrev', got"),
+    Mistake("ch3-while-loop", lambda: implicit.check_fixed_point_grad(_while_loop_solve),
+            "jax.grad of your function raised ValueError: Reverse-mode differentiation does not work for "
+            "lax.while_loop or lax.fori_loop with dynamic start/stop values"),
+    Mistake("ch3-five-iterations", lambda: implicit.check_fixed_point_grad(_five_iterations),
+            "x* differs from the reference at index ("),
+    Mistake("ch3-scipy-sqrtm", lambda: implicit.check_sqrtm(jax.scipy.linalg.sqrtm),
+            "jax.jvp of your function is still the stub"),
+    Mistake("ch3-loose-tolerance", _loose_tolerance_check, "answer differs from the reference at index ("),
+    Mistake("ch4-list", lambda: sharding.check_predict_vma([1, 2]),
+            "answers must be a dict {expression: set of axes}, got list"),
+    Mistake("ch4-all-invariant", lambda: sharding.check_predict_vma({e: set() for e in sharding.VMA_EXPRESSIONS}),
+            "a + b: you predicted {}, the explainer says {x,y}"),
+    Mistake("ch4-pmean-of-grad", lambda: sharding.check_fix_training_step(_step_pmean_of_local_grad),
+            "on 2 device(s): the update is 2 x the single-device update"),
+    Mistake("ch5-hvp-sum", lambda: L.check_loop_laplacian(_hvp_sum_not_diagonal),
+            "on an MLP: answer differs from the reference: got 0.546507, expected 2.69826"),
+    Mistake("ch5-sign", lambda: L.check_row_update_second_derivative(
+                lambda a, i, u: (u @ jnp.linalg.solve(a, jnp.eye(a.shape[0])[:, i])) ** 2),
+            "for n = 3, row 0: answer differs from the reference: got 4.7577, expected -4.7577"),
+    Mistake("ch5-uncast-eye", lambda: L.check_sharded_kinetic(
+                functools.partial(_kinetic_loop, cast_basis=False, varying_init=True)),
+            "your kinetic energy inside shard_map raised ValueError: linearized function called on tangent values "
+            "inconsistent with the original primal values"),
+    Mistake("ch5-invariant-init", lambda: L.check_sharded_kinetic(
+                functools.partial(_kinetic_loop, cast_basis=True, varying_init=False)),
+            "your kinetic energy inside shard_map raised TypeError: scan body function carry input and carry output "
+            "must have equal types, but they differ"),
+    Mistake("ch4-invariant-carry", lambda: sharding.check_fix_loop_carry(_invariant_carry),
+            "your running_total raised TypeError: scan body function carry input and carry output must have "
+            "equal types, but they differ"),
+]
+
+
+def comparable(quote: str) -> str:
+    """The part of a quote that must match on this backend.
+
+    The guide's numbers were printed on CPU (where CI runs). On a GPU, float32 matmuls may
+    use TF32 and move the last digits, so there only the text up to the first number is
+    compared.
+    """
+    if jax.default_backend() == "cpu" or " got " not in quote:
+        return quote
+    return quote.split(" got ")[0] + " got "
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
+def test_guide_quotes_what_the_checker_prints(mistake):
+    feedback = mistake.check()
+    printed = normalized(str(feedback))
+    quote = comparable(mistake.quote)
+    assert not feedback, f"the checker accepted the mistaken answer of {mistake.name!r}: {feedback}"
+    assert quote in printed, f"the checker no longer prints {quote!r}; it prints:\n{feedback}"
+    assert mistake.quote in guide_text(), f"instructor_guide.md does not quote {mistake.quote!r}, which the checker prints"
+
+
+def test_guide_quotes_the_setup_check_fix():
+    """The setup check's fix for too few devices, as the guide quotes it (for 8 devices)."""
+    from beyondgrad import runtime
+
+    have = len(jax.devices("cpu"))
+    lines = normalized("\n".join(str(c) for c in runtime.check_setup(have + 1)))
+    fix = "restart the kernel and call beyondgrad.runtime.ensure_cpu_devices({n}) before any JAX computation"
+    assert fix.format(n=have + 1) in lines, f"check_setup no longer prints {fix!r}:\n{lines}"
+    assert fix.format(n=runtime.BOOK_DEVICE_COUNT) in guide_text()
+
+
+def test_every_checker_the_guide_names_exists_and_its_chapter_uses_it():
+    modules = "tracers|linear|implicit|sharding|laplacian|slater"
+    named = sorted(set(re.findall(rf"`({modules})\.(check_\w+)`", GUIDE.read_text())))
+    assert named, "the guide names no checker"
+    chapter_of = {module: stem for stem, module in CHAPTER_MODULES.items()}
+    for module_name, func in named:
+        module = importlib.import_module(f"beyondgrad.{module_name}")
+        assert callable(getattr(module, func, None)), f"the guide names {module_name}.{func}, which does not exist"
+        chapter = book.CHAPTERS / f"{chapter_of.get(module_name, '')}.md"
+        if chapter.exists():  # chapters may import the module under another name (laplacian as L)
+            called = re.search(rf"\b\w+\.{func}\(", chapter.read_text())
+            assert called, f"{chapter.name} does not call {module_name}.{func}"
+
+
+def test_every_exercise_function_the_guide_names_is_defined_in_a_chapter():
+    """Stub and fixture names the guide tells students to edit (``my_*`` and the like) exist."""
+    pattern = r"`(my_\w+|repeat_sin_fixed|bump_safe|suspicious_grad|fixed_grad|sqrtm|buggy_\w+|kinetic_\w+)[`(]"
+    named = sorted(set(re.findall(pattern, GUIDE.read_text())))
+    assert named, "the guide names no exercise function"
+    chapters = "\n".join(p.read_text() for p in book.chapter_sources())
+    missing = [name for name in named if not re.search(rf"^def {name}\(", chapters, re.MULTILINE)]
+    assert not missing, f"the guide names exercise functions that no chapter defines: {missing}"
+
+
+def test_guide_covers_every_chapter_and_both_formats():
+    text = GUIDE.read_text()
+    for n in range(6):
+        assert re.search(rf"^### Chapter {n}\b", text, re.MULTILINE), f"no section for Chapter {n}"
+    assert "### One-day workshop" in text and "### 90-minute taster" in text
+    assert "{{ jax_floor }}" in text, "the supported range must come from the jax_floor substitution"
+    for chapter in book.chapter_sources():
+        stem = chapter.stem
+        assert f"](chapters/{stem}.md)" in text, f"the guide does not link {chapter.name}: give it a section"
+        if stem in CHAPTER_MODULES and stem != "00_setup":
+            section = re.search(rf"^### Chapter {int(stem[:2])}\b.*?(?=^### |^## |\Z)", text, re.MULTILINE | re.DOTALL)
+            assert section and "had not landed" not in section.group(0), (
+                f"{chapter.name} exists now: align its section of the guide with it and drop the 'had not landed' note"
+            )
