@@ -40,7 +40,13 @@ def test_call_answer_turns_stub_and_errors_into_words():
     def broken(x):
         return x[10]
 
+    def missing_rule(x):
+        raise NotImplementedError("Differentiation rule for 'schur' not implemented")
+
     assert "still the stub" in ex.failed(ex.call_answer(stub, 1.0))
+    assert ex.failed(ex.call_answer(missing_rule, 1.0)) == (
+        "your function raised NotImplementedError: Differentiation rule for 'schur' not implemented"
+    )
     assert ex.failed(ex.call_answer(broken, [1])).startswith("your function raised IndexError")
     assert "must be a function" in ex.failed(ex.call_answer(3))
     assert ex.failed(ex.call_answer(lambda x: x + 1, 1)) is None

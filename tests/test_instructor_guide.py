@@ -144,7 +144,7 @@ MISTAKES = [
     Mistake("ch3-five-iterations", lambda: implicit.check_fixed_point_grad(_five_iterations),
             "x* differs from the reference at index ("),
     Mistake("ch3-scipy-sqrtm", lambda: implicit.check_sqrtm(jax.scipy.linalg.sqrtm),
-            "jax.jvp of your function is still the stub"),
+            "jax.jvp of your function raised NotImplementedError: Differentiation rule for 'schur' not implemented"),
     Mistake("ch3-loose-tolerance", _loose_tolerance_check, "answer differs from the reference at index ("),
     Mistake("ch4-list", lambda: sharding.check_predict_vma([1, 2]),
             "answers must be a dict {expression: set of axes}, got list"),

@@ -70,8 +70,10 @@ def call_answer(fn: Any, *args: Any, what: str = "your function", **kwargs: Any)
         return _Failure(f"{what} must be a function, got {type(fn).__name__}")
     try:
         return fn(*args, **kwargs)
-    except NotImplementedError:
-        return _Failure(f"{what} is still the stub: replace `raise NotImplementedError` with your code")
+    except NotImplementedError as e:
+        if not str(e):  # the bare `raise NotImplementedError` of the exercise stub
+            return _Failure(f"{what} is still the stub: replace `raise NotImplementedError` with your code")
+        return _Failure(f"{what} raised NotImplementedError: {str(e).splitlines()[0]}")
     except Exception as e:  # the student's error is the feedback
         return _Failure(f"{what} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
 
