@@ -108,13 +108,17 @@ def slater_laplacian(
         return value[0], first.T, jnp.sum(second, axis=0)
 
     phi, dphi, lphi = jax.vmap(derivatives)(positions)  # (n, n), (n, n, 3), (n, n)
-    # one LU factorisation gives both log|det A| (its diagonal) and B = A^{-1}
-    lu, pivots = jax.scipy.linalg.lu_factor(phi)
-    logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(lu))))
-    b = jax.scipy.linalg.lu_solve((lu, pivots), _eye_like(phi))
+    logdet, b = _logdet_and_inverse(phi)
     grad = jnp.einsum("ji,ijd->id", b, dphi)
     lap = jnp.einsum("ji,ij->", b, lphi) - jnp.sum(grad * grad)
     return logdet, grad, lap
+
+
+def _logdet_and_inverse(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(log|det a|, a^{-1})`` from one LU factorisation (the diagonal of U gives the log-determinant)."""
+    lu, pivots = jax.scipy.linalg.lu_factor(a)
+    logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(lu))))
+    return logdet, jax.scipy.linalg.lu_solve((lu, pivots), _eye_like(a))
 
 
 def _eye_like(a: jax.Array) -> jax.Array:
@@ -157,6 +161,76 @@ def mlp_orbitals(params: Params, r: jax.Array) -> jax.Array:
     features = jnp.tanh(r @ params["w1"] + params["b1"])
     envelope = jnp.exp(-0.5 * jax.nn.softplus(params["decay"]) * jnp.sum(r * r))
     return (features @ params["w2"] + params["b2"] + r @ params["wl"]) * envelope
+
+
+_MLP_SHAPES = {"w1": ("3", "H"), "b1": ("H",), "w2": ("H", "n"), "b2": ("n",), "wl": ("3", "n"), "decay": ("n",)}
+
+
+def _check_mlp_params(params: Params, n: int) -> None:
+    """Raise ``ValueError`` unless ``params`` has the :func:`init_params` layout for ``n`` electrons."""
+    if not isinstance(params, dict) or set(params) != set(_MLP_SHAPES):
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise ValueError(f"params must be the dict of init_params with keys {sorted(_MLP_SHAPES)}, got {got}")
+    hidden = jnp.shape(params["w1"])[-1] if jnp.ndim(params["w1"]) == 2 else None
+    sizes = {"3": 3, "H": hidden, "n": n}
+    for name, dims in _MLP_SHAPES.items():
+        want = tuple(sizes[d] for d in dims)
+        if jnp.shape(params[name]) != want:
+            raise ValueError(
+                f"params[{name!r}] must have shape {want} for {n} electrons and hidden width {hidden} "
+                f"(as made by init_params(key, {n}, hidden=...)), got {jnp.shape(params[name])}"
+            )
+
+
+def mlp_slater_laplacian(params: Params, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    r"""``(log|ψ|, ∇log|ψ|, Δlog|ψ|)`` for :func:`mlp_log_psi`, with the orbital derivatives by hand.
+
+    The classical quantum Monte Carlo route: when the orbitals are known, differentiate
+    them analytically, and contract with :math:`B=A^{-1}` as early as possible. With
+    :math:`h_i=\tanh(r_iW_1+b_1)`, :math:`h'_i=1-h_i^2`, :math:`u_{ij}=(h_iW_2+b_2+r_iW_l)_j`,
+    envelopes :math:`e_{ij}=\exp(-\tfrac12 s_j|r_i|^2)`, :math:`s=\mathrm{softplus}(d)`, so
+    :math:`A_{ij}=u_{ij}e_{ij}`, and the weights :math:`E_{ij}=B_{ji}e_{ij}`,
+    :math:`F_{ij}=s_jE_{ij}`, :math:`C=EW_2^\top`, :math:`D=FW_2^\top` (``(n, H)`` each):
+
+    .. math::
+       \nabla_{r_i}\log|\psi| &= W_1(h'_i\odot C_i) + W_lE_i^\top - r_i\textstyle\sum_j F_{ij}u_{ij},\\
+       \frac{\Delta\psi}{\psi} &= \sum_i\Big[-2\,(h_i\odot h'_i\odot C_i)\cdot w
+            - 2\,r_i\cdot\big(W_1(h'_i\odot D_i)+W_lF_i^\top\big)
+            + \textstyle\sum_j E_{ij}u_{ij}(s_j^2|r_i|^2-3s_j)\Big],
+
+    with :math:`w_h=\sum_k (W_1)_{kh}^2`, and
+    :math:`\Delta\log|\psi| = \Delta\psi/\psi - |\nabla\log|\psi||^2`. Contracting
+    :math:`B` into the read-out :math:`W_2` first leaves three ``(n, n) x (n, H)`` products
+    (:math:`u`, :math:`C`, :math:`D`) where forward mode needs five (value, three
+    gradient components, Laplacian) and forward-over-forward more. Exact, :math:`O(n^3 + n^2H)`,
+    valid for :func:`mlp_orbitals` only; :func:`slater_laplacian` takes any orbitals.
+    """
+    positions = _check_positions(positions)
+    n = positions.shape[0]
+    _check_mlp_params(params, n)
+    w1, b1, w2, b2, wl = (params[k] for k in ("w1", "b1", "w2", "b2", "wl"))
+    s = jax.nn.softplus(params["decay"])  # (n,)
+    hid = w1.shape[1]
+    h = jnp.tanh(positions @ w1 + b1)  # (n, H)
+    u = h @ w2 + (b2 + positions @ wl)  # (n, n)
+    r2 = jnp.sum(positions * positions, axis=1, keepdims=True)  # (n, 1)
+    env = jnp.exp(-0.5 * s * r2)  # (n, n)
+    u_env = u * env
+    logdet, b = _logdet_and_inverse(u_env)
+    e = b.T * env  # E_ij = B_ji e_ij
+    f = e * s  # F_ij = s_j E_ij
+    # one product for C, D and the linear read-out terms: [E; F] @ [W2; Wl]^T -> (2n, H + 3)
+    cd = jnp.concatenate([e, f], axis=0) @ jnp.concatenate([w2, wl], axis=0).T
+    c, ew, d, fw = cd[:n, :hid], cd[:n, hid:], cd[n:, :hid], cd[n:, hid:]
+    dh = 1.0 - h * h
+    back = jnp.concatenate([c * dh, d * dh], axis=0) @ w1.T  # (2n, 3): W1(h' ⊙ C_i), W1(h' ⊙ D_i)
+    grad = back[:n] + ew - positions * jnp.sum(f * u, axis=1, keepdims=True)
+    lap_psi = (
+        -2.0 * jnp.sum(c * dh * h * jnp.sum(w1 * w1, axis=0))
+        - 2.0 * jnp.sum(positions * (back[n:] + fw))
+        + jnp.sum(e * u * (s * s * r2 - 3.0 * s))
+    )
+    return logdet, grad, lap_psi - jnp.sum(grad * grad)
 
 
 def mlp_log_psi(params: Params, positions: jax.Array) -> jax.Array:
@@ -204,6 +278,56 @@ def _check_walkers(walkers: jax.Array) -> jax.Array:
     if walkers.ndim != 3 or walkers.shape[2] != 3:
         raise ValueError(f"walkers must have shape (batch, n, 3), got {walkers.shape}")
     return walkers
+
+
+def sample_walkers(
+    log_psi: Callable[[Params, jax.Array], jax.Array],
+    params: Params,
+    walkers: jax.Array,
+    key: jax.Array,
+    *,
+    steps: int,
+    step_size: float,
+) -> tuple[jax.Array, jax.Array]:
+    r"""Move ``walkers`` ``(B, n, 3)`` by ``steps`` Metropolis steps towards :math:`|\psi|^2`.
+
+    Each step proposes :math:`x' = x + \sigma\,\xi` for every walker (Gaussian
+    :math:`\xi`, :math:`\sigma` = ``step_size``, symmetric) and accepts it with probability
+    :math:`\min\big(1, |\psi(x')|^2/|\psi(x)|^2\big) = \min\big(1, e^{2(\log|\psi(x')| - \log|\psi(x)|)}\big)`,
+    so :math:`|\psi|^2` is the chain's stationary distribution. This is where VMC evaluates
+    local energies: walkers from :math:`|\psi|^2` rarely sit near a node, unlike arbitrary
+    points. Returns ``(walkers, acceptance rate)`` (the rate averaged over steps and walkers).
+    """
+    walkers = _check_walkers(walkers)
+    if not jnp.issubdtype(walkers.dtype, jnp.floating):
+        raise TypeError(f"walkers must be a floating-point array, got dtype {walkers.dtype}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not (isinstance(step_size, (int, float)) and step_size > 0):
+        raise ValueError(f"step_size must be a positive number (a proposal standard deviation), got {step_size!r}")
+    return _metropolis(log_psi, steps)(params, walkers, key, jnp.asarray(step_size, walkers.dtype))
+
+
+@functools.lru_cache(maxsize=32)
+def _metropolis(log_psi: Callable, steps: int) -> Callable:
+    batch_log_psi = jax.vmap(log_psi, in_axes=(None, 0))
+
+    def chain(params: Params, walkers: jax.Array, key: jax.Array, sigma: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def step(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
+            x, logp, accepted = carry
+            k_move, k_accept = jax.random.split(k)
+            proposal = x + sigma * jax.random.normal(k_move, x.shape, x.dtype)
+            logp_new = batch_log_psi(params, proposal)
+            u = jax.random.uniform(k_accept, logp.shape, x.dtype)
+            ok = jnp.log(u) < 2.0 * (logp_new - logp)
+            x = jnp.where(ok[:, None, None], proposal, x)
+            return (x, jnp.where(ok, logp_new, logp), accepted + jnp.mean(ok.astype(x.dtype))), None
+
+        init = (walkers, batch_log_psi(params, walkers), jnp.zeros((), walkers.dtype))
+        (x, _, accepted), _ = jax.lax.scan(step, init, jax.random.split(key, steps))
+        return x, accepted / steps
+
+    return jax.jit(chain)
 
 
 def _check_estimator(estimator: str) -> None:
