@@ -33,8 +33,11 @@ def test_mlp_slater_laplacian_matches_float64_hessian(n, hidden, seed):
 
 def test_mlp_slater_laplacian_agrees_with_forward_mode_row_formula_in_float32():
     params, pos = _problem(8, 16, 3, jnp.float32)
-    fast = jax.jit(slater.mlp_slater_laplacian)(params, pos)
-    generic = jax.jit(lambda p, x: slater.slater_laplacian(functools.partial(slater.mlp_orbitals, p), x))(params, pos)
+    # "highest": compare the two formulas, not TF32 / bfloat16 matmul passes on GPU or TPU
+    with jax.default_matmul_precision("highest"):
+        fast = jax.jit(slater.mlp_slater_laplacian)(params, pos)
+        generic = jax.jit(lambda p, x: slater.slater_laplacian(functools.partial(slater.mlp_orbitals, p), x))(
+            params, pos)
     for a, b in zip(fast, generic):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-3, atol=2e-3)
 
