@@ -18,8 +18,8 @@ The walkers are where VMC evaluates local energies: samples of |ψ|², drawn by
 ``slater.sample_walkers`` (Metropolis) from Gaussian starting points. Starting points
 themselves can sit close to a node of ψ, where float32 loses digits for every method;
 the float32 error there is printed once per n for comparison. Repeats are taken
-round-robin (one call of each method per round) so that a slow spell on a shared
-machine hits every method alike.
+round-robin (each method in turn, its timed call right after an untimed one) so that
+a slow spell on a shared machine hits every method alike.
 
 Targets (issue 7), at n = 32: fastest exact method ≤ 0.5 × folx-best and ≤ 4 × one
 log|ψ| evaluation, relative error ≤ 1e-5 ("rel err"), exponent ≤ 3.
@@ -93,7 +93,12 @@ def method_fns(n: int) -> dict[str, callable]:
 
 
 def compile_and_time(fns: dict[str, callable], args: tuple, repeats: int) -> dict[str, tuple[float, float, float]]:
-    """name -> (compile + first call s, median s, fastest s); repeats taken round-robin."""
+    """name -> (compile + first call s, median s, fastest s).
+
+    Repeats are taken round-robin; in each round every method is called twice in a row
+    and the second call is timed, so that no method pays for the caches another one
+    emptied (a VMC run calls the same function over and over).
+    """
     first = {}
     for name, fn in fns.items():
         t0 = time.perf_counter()
@@ -102,6 +107,7 @@ def compile_and_time(fns: dict[str, callable], args: tuple, repeats: int) -> dic
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            jax.block_until_ready(fn(*args))
             t0 = time.perf_counter()
             jax.block_until_ready(fn(*args))
             times[name].append(time.perf_counter() - t0)
@@ -123,21 +129,11 @@ def error_budget(params: dict, walkers: jax.Array) -> dict[str, tuple[float, flo
     float32 (the error no float32 method can avoid: the inputs of the determinant part
     are float32 numbers).
     """
-    def derivatives(p, pos):  # (A, ∇A rows, ΔA rows) by forward over forward mode
-        orbitals = functools.partial(slater.mlp_orbitals, p)
-
-        def at(r):
-            def along(e):
-                (v, d1), (_, d2) = jax.jvp(lambda s: jax.jvp(orbitals, (s,), (e,)), (r,), (e,))
-                return v, d1, d2
-            v, d1, d2 = jax.vmap(along)(jnp.eye(3, dtype=r.dtype))
-            return v[0], d1.T, d2.sum(0)
-        return jax.vmap(at)(pos)
+    def derivatives(p, pos):  # (A, ∇A rows, ΔA rows), forward over forward mode
+        return slater.orbital_derivatives(functools.partial(slater.mlp_orbitals, p), pos)
 
     def row_formula(phi, dphi, lphi):
-        b = jnp.linalg.inv(phi)
-        g = jnp.einsum("ji,ijd->id", b, dphi)
-        return jnp.einsum("ji,ij->", b, lphi) - jnp.sum(g * g)
+        return slater.row_formula(phi, dphi, lphi)[2]
 
     derivs = jax.jit(jax.vmap(derivatives, in_axes=(None, 0)))
     det_part = jax.jit(jax.vmap(row_formula))

@@ -33,3 +33,12 @@ def test_benchmark_runs_every_method_and_agrees_with_float64(bench, capsys):
     bench.check_targets(rows)
     out = capsys.readouterr().out
     assert "slater (analytic MLP)" in out and "targets are stated at n = 32" in out
+
+
+def test_error_budget_separates_the_sources(bench):
+    with jax.enable_x64(True):
+        params, walkers, _, _ = bench.make_problem(4, batch=4, hidden=None)
+        budget = bench.error_budget(params, walkers)
+    assert set(budget) == {"all float32", "determinant part in float64", "float64 from rounded inputs"}
+    for rel, med, mx in budget.values():
+        assert 0 < med <= mx and rel < 1e-4

@@ -135,3 +135,20 @@ def test_sample_walkers_rejects_bad_input():
     with pytest.raises(TypeError, match="floating-point"):
         slater.sample_walkers(slater.mlp_log_psi, params, w.astype(jnp.int32), jax.random.key(0), steps=1,
                               step_size=0.1)
+
+
+def test_orbital_derivatives_against_jacfwd_and_hessian():
+    with jax.enable_x64(True):
+        params, pos = _problem(4, 6, 7)
+        orb = functools.partial(slater.mlp_orbitals, params)
+        phi, dphi, lphi = jax.jit(lambda x: slater.orbital_derivatives(orb, x))(pos)
+        assert phi.shape == (4, 4) and dphi.shape == (4, 4, 3) and lphi.shape == (4, 4)
+        np.testing.assert_allclose(np.asarray(phi), np.asarray(jax.vmap(orb)(pos)), rtol=1e-13)
+        np.testing.assert_allclose(np.asarray(dphi), np.asarray(jax.vmap(jax.jacfwd(orb))(pos)), rtol=1e-12)
+        hess = jax.vmap(jax.hessian(orb))(pos)  # (n electrons, n orbitals, 3, 3)
+        np.testing.assert_allclose(np.asarray(lphi), np.asarray(jnp.trace(hess, axis1=2, axis2=3)), rtol=1e-11)
+
+
+def test_row_formula_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match=r"expected shapes \(n, n\), \(n, n, 3\), \(n, n\)"):
+        slater.row_formula(jnp.eye(3), jnp.zeros((3, 3)), jnp.zeros((3, 3)))

@@ -76,21 +76,14 @@ def slater_log_psi(orbitals: Callable[[jax.Array], jax.Array], positions: jax.Ar
     return jnp.linalg.slogdet(slater_matrix(orbitals, positions))[1]
 
 
-def slater_laplacian(
+def orbital_derivatives(
     orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(log|ψ|, ∇log|ψ|, Δlog|ψ|)`` for single-particle orbitals, in :math:`O(n^3)`.
+    """The Slater matrix and its row derivatives: :math:`\\varphi_j(r_i)`, :math:`\\nabla\\varphi_j(r_i)`, :math:`\\Delta\\varphi_j(r_i)`.
 
-    Electron :math:`i` only enters row :math:`i` of :math:`A`, so with
-    :math:`B = A^{-1}`:
-
-    .. math::
-       \\nabla_{r_i}\\log|\\det A| = \\sum_j B_{ji}\\,\\nabla\\varphi_j(r_i), \\qquad
-       \\Delta\\log|\\det A| = \\sum_{i,j} B_{ji}\\,\\Delta\\varphi_j(r_i) - |\\nabla\\log|\\det A||^2 .
-
-    The orbital gradients and Laplacians (3 directions per electron) come from forward
-    mode. Shapes: scalar, ``(n, 3)``, scalar. Only valid when each orbital depends on
-    one electron; with FermiNet-style equivariant orbitals use :func:`laplacian`.
+    Forward over forward mode along the 3 coordinate directions of each electron (the
+    second directional derivatives summed give the Laplacian). Shapes ``(n, n)``,
+    ``(n, n, 3)``, ``(n, n)``, indexed ``[i, j]`` = electron, orbital.
     """
     positions = _check_positions(positions)
     _check_orbitals(orbitals, positions)
@@ -107,11 +100,42 @@ def slater_laplacian(
         value, first, second = jax.vmap(along)(basis(r))  # (3, n) each
         return value[0], first.T, jnp.sum(second, axis=0)
 
-    phi, dphi, lphi = jax.vmap(derivatives)(positions)  # (n, n), (n, n, 3), (n, n)
+    return jax.vmap(derivatives)(positions)
+
+
+def row_formula(phi: jax.Array, dphi: jax.Array, lphi: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(log|det A|, ∇log|det A|, Δlog|det A|)`` from :func:`orbital_derivatives`' three arrays.
+
+    With :math:`B = A^{-1}` (one LU factorisation, which also gives the log-determinant):
+
+    .. math::
+       \\nabla_{r_i}\\log|\\det A| = \\sum_j B_{ji}\\,\\nabla\\varphi_j(r_i), \\qquad
+       \\Delta\\log|\\det A| = \\sum_{i,j} B_{ji}\\,\\Delta\\varphi_j(r_i) - |\\nabla\\log|\\det A||^2 .
+    """
+    n = phi.shape[0]
+    if phi.shape != (n, n) or dphi.shape != (n, n, 3) or lphi.shape != (n, n):
+        raise ValueError(
+            f"expected shapes (n, n), (n, n, 3), (n, n) as returned by orbital_derivatives, "
+            f"got {phi.shape}, {dphi.shape}, {lphi.shape}"
+        )
     logdet, b = _logdet_and_inverse(phi)
     grad = jnp.einsum("ji,ijd->id", b, dphi)
     lap = jnp.einsum("ji,ij->", b, lphi) - jnp.sum(grad * grad)
     return logdet, grad, lap
+
+
+def slater_laplacian(
+    orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(log|ψ|, ∇log|ψ|, Δlog|ψ|)`` for single-particle orbitals, in :math:`O(n^3)`.
+
+    Electron :math:`i` only enters row :math:`i` of :math:`A`, so the derivatives of
+    :math:`\\log|\\det A|` need only the orbitals' own derivatives at each electron
+    (:func:`orbital_derivatives`, forward mode) and :math:`A^{-1}` (:func:`row_formula`).
+    Shapes: scalar, ``(n, 3)``, scalar. Only valid when each orbital depends on one
+    electron; with FermiNet-style equivariant orbitals use :func:`laplacian`.
+    """
+    return row_formula(*orbital_derivatives(orbitals, positions))
 
 
 def _logdet_and_inverse(a: jax.Array) -> tuple[jax.Array, jax.Array]:
