@@ -129,14 +129,9 @@ def error_budget(params: dict, walkers: jax.Array) -> dict[str, tuple[float, flo
     float32 (the error no float32 method can avoid: the inputs of the determinant part
     are float32 numbers).
     """
-    def derivatives(p, pos):  # (A, ∇A rows, ΔA rows), forward over forward mode
-        return slater.orbital_derivatives(functools.partial(slater.mlp_orbitals, p), pos)
-
-    def row_formula(phi, dphi, lphi):
-        return slater.row_formula(phi, dphi, lphi)[2]
-
-    derivs = jax.jit(jax.vmap(derivatives, in_axes=(None, 0)))
-    det_part = jax.jit(jax.vmap(row_formula))
+    derivs = jax.jit(jax.vmap(  # (A, ∇A rows, ΔA rows) per walker, forward over forward mode
+        lambda p, pos: slater.orbital_derivatives(functools.partial(slater.mlp_orbitals, p), pos), in_axes=(None, 0)))
+    det_part = jax.jit(jax.vmap(lambda *arrays: slater.row_formula(*arrays)[2]))
     params64 = jax.tree.map(lambda a: a.astype(jnp.float64), params)
     d64, d32 = derivs(params64, walkers.astype(jnp.float64)), derivs(params, walkers)
     ref = np.asarray(det_part(*d64))

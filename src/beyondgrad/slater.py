@@ -180,11 +180,25 @@ def init_params(key: jax.Array, n_electrons: int, *, hidden: int = 32, dtype: An
     }
 
 
+def _mlp_parts(params: Params, r: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The pieces of :func:`mlp_orbitals` at positions ``r`` ``(..., 3)``: the one definition of the architecture.
+
+    Returns ``(h, u, envelope, s, r2)``: hidden features :math:`\\tanh(rW_1+b_1)` ``(..., H)``,
+    read-out :math:`u = hW_2 + b_2 + rW_l` ``(..., n)``, envelopes
+    :math:`e^{-s|r|^2/2}` ``(..., n)``, widths :math:`s=\\mathrm{softplus}(d)` ``(n,)`` and
+    :math:`|r|^2` ``(..., 1)``; the orbitals are ``u * envelope``.
+    """
+    h = jnp.tanh(r @ params["w1"] + params["b1"])
+    u = h @ params["w2"] + params["b2"] + r @ params["wl"]
+    s = jax.nn.softplus(params["decay"])
+    r2 = jnp.sum(r * r, axis=-1, keepdims=True)
+    return h, u, jnp.exp(-0.5 * s * r2), s, r2
+
+
 def mlp_orbitals(params: Params, r: jax.Array) -> jax.Array:
     """:math:`\\varphi(r) = (\\tanh(rW_1+b_1)W_2 + b_2 + rW_l)\\,\\odot\\,e^{-\\mathrm{softplus}(d)|r|^2/2}`, shape ``(n,)``."""
-    features = jnp.tanh(r @ params["w1"] + params["b1"])
-    envelope = jnp.exp(-0.5 * jax.nn.softplus(params["decay"]) * jnp.sum(r * r))
-    return (features @ params["w2"] + params["b2"] + r @ params["wl"]) * envelope
+    _, u, envelope, _, _ = _mlp_parts(params, r)
+    return u * envelope
 
 
 _MLP_SHAPES = {"w1": ("3", "H"), "b1": ("H",), "w2": ("H", "n"), "b2": ("n",), "wl": ("3", "n"), "decay": ("n",)}
@@ -232,15 +246,10 @@ def mlp_slater_laplacian(params: Params, positions: jax.Array) -> tuple[jax.Arra
     positions = _check_positions(positions)
     n = positions.shape[0]
     _check_mlp_params(params, n)
-    w1, b1, w2, b2, wl = (params[k] for k in ("w1", "b1", "w2", "b2", "wl"))
-    s = jax.nn.softplus(params["decay"])  # (n,)
+    w1, w2, wl = params["w1"], params["w2"], params["wl"]
     hid = w1.shape[1]
-    h = jnp.tanh(positions @ w1 + b1)  # (n, H)
-    u = h @ w2 + (b2 + positions @ wl)  # (n, n)
-    r2 = jnp.sum(positions * positions, axis=1, keepdims=True)  # (n, 1)
-    env = jnp.exp(-0.5 * s * r2)  # (n, n)
-    u_env = u * env
-    logdet, b = _logdet_and_inverse(u_env)
+    h, u, env, s, r2 = _mlp_parts(params, positions)  # (n, H), (n, n), (n, n), (n,), (n, 1)
+    logdet, b = _logdet_and_inverse(u * env)
     e = b.T * env  # E_ij = B_ji e_ij
     f = e * s  # F_ij = s_j E_ij
     # one product for C, D and the linear read-out terms: [E; F] @ [W2; Wl]^T -> (2n, H + 3)
