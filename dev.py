@@ -70,7 +70,10 @@ def run_env() -> dict[str, str]:
     env = dict(os.environ)
     # Several notebooks may share one GPU during a build: allocate on demand.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    # This checkout's src/ first: a worktree or a plain clone runs its own package,
+    # whatever the virtual environment has installed.
+    paths = [str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     return env
 
 

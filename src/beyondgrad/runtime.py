@@ -43,12 +43,6 @@ def on_colab() -> bool:
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
-def _backends_initialized() -> bool:
-    from jax._src import xla_bridge  # private, but stable across 0.8.2 .. 0.12
-
-    return bool(xla_bridge.backends_are_initialized())
-
-
 def ensure_cpu_devices(n: int = BOOK_DEVICE_COUNT) -> int:
     """Ask JAX for ``n`` CPU devices; return the number of CPU devices now visible.
 
@@ -61,7 +55,7 @@ def ensure_cpu_devices(n: int = BOOK_DEVICE_COUNT) -> int:
         raise TypeError(f"n must be an int number of CPU devices, got {type(n).__name__}")
     if n < 1:
         raise ValueError(f"n must be >= 1 CPU device, got {n}")
-    if not _backends_initialized():
+    if not compat.backends_initialized():
         jax.config.update("jax_num_cpu_devices", n)
     have = len(jax.devices("cpu"))
     if have < n:
@@ -202,7 +196,7 @@ def check_setup(n_devices: int = BOOK_DEVICE_COUNT) -> list[SetupCheck]:
     from beyondgrad import JAX_FLOOR
 
     checks: list[SetupCheck] = []
-    version = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
+    version = compat.jax_version()
     floor = tuple(int(p) for p in JAX_FLOOR.split("."))
     checks.append(
         SetupCheck(

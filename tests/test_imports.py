@@ -1,0 +1,58 @@
+"""Importing the package has no side effects: no backend starts, no install needed."""
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str, *, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def _submodules() -> list[str]:
+    pkg = ROOT / "src" / "beyondgrad"
+    names = []
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names.append(".".join(parts))
+    return names
+
+
+def test_every_submodule_imports_without_starting_a_backend():
+    mods = _submodules()
+    assert len(mods) >= 10, mods
+    code = (
+        "import importlib\n"
+        f"for m in {mods!r}: importlib.import_module(m)\n"
+        "from beyondgrad import compat, runtime\n"
+        "assert not compat.backends_initialized(), 'an import started a JAX backend'\n"
+        "print('devices', runtime.ensure_cpu_devices(8))\n"
+    )
+    out = _run(code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "devices 8" in out.stdout
+
+
+def test_import_from_a_plain_checkout_reports_the_pyproject_floor():
+    """No install metadata needed: the floor comes from pyproject.toml itself."""
+    floor = None
+    for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        if dep.replace(" ", "").startswith("jax>="):
+            floor = dep.replace(" ", "").removeprefix("jax>=")
+    assert floor is not None
+    # A copy of src/ and pyproject.toml in a temporary folder: nothing installed there.
+    code = "import beyondgrad, sys; print(beyondgrad.JAX_FLOOR)"
+    out = _run(code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == floor
