@@ -10,13 +10,15 @@ It
 
 1. checks which devices JAX sees (it refuses to run on CPU unless ``--allow-cpu``),
    and which of the book's other packages are importable;
-2. executes every chapter (``chapters/*.md``, or their paired ``.ipynb`` when jupytext
-   is missing) and every executable appendix (``appendix_*.md``) top to bottom in a
-   fresh kernel of *this* interpreter, with JAX's default
+2. executes every chapter (``chapters/*.md``, read with jupytext) and every executable
+   appendix (``appendix_*.md``) top to bottom in a fresh kernel of *this* interpreter
+   (nbclient), with JAX's default
    backend left alone: the chapters' ``runtime.ensure_cpu_devices(8)`` adds CPU devices
    but keeps the accelerator as the default device, so their arrays live on it;
 3. runs the test suite (``pytest tests``); the chapter tests reuse the notebooks just
-   executed on the accelerator (they are written to ``_build/test_execute``);
+   executed on the accelerator (they are written to the build folder's ``test_execute``).
+   A test run that leaves no report (pytest crashed, or ran past ``--test-timeout``)
+   is a failure;
 4. runs the Laplacian benchmark (``benchmarks/laplacian.py --quick``; change the
    arguments with ``--benchmark-args``) if it exists;
 5. writes ``report.md`` (paste it into ``tested_on.md``), ``report.json`` and the
@@ -40,10 +42,10 @@ into ``--out``/site-packages, which goes on ``PYTHONPATH``. Wheels of JAX itself
 skipped, so the preinstalled JAX stays the one that runs. ``--check`` prints what is
 missing (and the ``pip download`` line for it) without running anything.
 
-If neither nbclient nor ipykernel is available, chapters run as plain scripts: their
-code cells are executed one after another in a fresh Python process (through IPython's
-shell when IPython is importable), and cells tagged ``raises-exception`` must raise the
-class named on their ``# raises ClassName`` line, as in the book build.
+jupytext, nbclient, nbformat and ipykernel are required (pure-Python wheels): without
+them the script stops and prints the ``pip download`` line that fetches them. Cells
+tagged ``raises-exception`` must raise the class named on their ``# raises ClassName``
+line, checked by the same code as the book's tests (``tools.execute.error_cells``).
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ROOT / "chapters"
 BENCHMARK = ROOT / "benchmarks" / "laplacian.py"
-TEST_CACHE = ROOT / "_build" / "test_execute"  # where tools.execute looks for executed chapters
-RAISES = re.compile(r"^#\s*raises\s+([A-Za-z_][\w.]*)")
+#: import names this script cannot run chapters without (pure-Python wheels).
+REQUIRED_TO_RUN = ("jupytext", "nbclient", "nbformat", "ipykernel")
 
 #: import name -> distribution name, for the packages besides JAX that the book uses.
 NEEDED = {
@@ -255,7 +257,6 @@ class ChapterResult:
     chapter: str
     ok: bool
     seconds: float
-    mode: str  # "nbclient" or "script"
     source: str  # the file executed
     platform: str | None = None  # what the chapter's own runtime.describe() reported
     device_count: int | None = None
@@ -270,17 +271,10 @@ def default_sources() -> list[Path]:
 
 
 def load_chapter(source: Path):
-    """The chapter as an nbformat notebook: from the .md via jupytext, else the paired .ipynb."""
-    import importlib.util
+    """The chapter as an nbformat notebook, read from its MyST source by jupytext."""
+    import jupytext
 
-    import nbformat
-
-    if importlib.util.find_spec("jupytext") is not None:
-        import jupytext
-
-        return jupytext.read(source), source
-    ipynb = source.with_suffix(".ipynb")
-    return nbformat.read(ipynb, as_version=4), ipynb
+    return jupytext.read(source)
 
 
 def _runtime_record(nb) -> dict | None:
@@ -302,7 +296,9 @@ def run_chapter_nbclient(source: Path, timeout: int, save: Path) -> ChapterResul
     import nbformat
     from nbclient import NotebookClient
 
-    nb, used = load_chapter(source)
+    from tools.execute import test_cache
+
+    nb = load_chapter(source)
     client = NotebookClient(nb, timeout=timeout, kernel_name=KERNEL_NAME,
                             resources={"metadata": {"path": str(source.parent)}})
     t0 = time.perf_counter()
@@ -314,146 +310,14 @@ def run_chapter_nbclient(source: Path, timeout: int, save: Path) -> ChapterResul
     seconds = time.perf_counter() - t0
     save.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, save / f"{source.stem}.ipynb")
-    if not failure and used == source and source.parent == CHAPTERS:  # tests/test_chapters.py reuses it
-        TEST_CACHE.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, TEST_CACHE / f"{source.stem}.ipynb")
+    if not failure and source.parent == CHAPTERS:  # tests/test_chapters.py reuses it
+        test_cache().mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, test_cache() / f"{source.stem}.ipynb")
     cells = _check_error_cells(nb)
     rec = _runtime_record(nb) or {}
-    return ChapterResult(source.name, not failure and all(c.ok for c in cells), seconds, "nbclient",
-                         _rel(used), rec.get("platform"), rec.get("device_count"),
+    return ChapterResult(source.name, not failure and all(c.ok for c in cells), seconds,
+                         _rel(source), rec.get("platform"), rec.get("device_count"),
                          cells, failure)
-
-
-def notebook_cells(path: Path) -> list[dict]:
-    """Code cells of a chapter as ``{"source", "tags"}``, from MyST .md or .ipynb, without jupytext.
-
-    Reads the ``{code-cell}`` fences of a MyST notebook and their options, written
-    either as ``:tags: [a, b]`` lines or as a ``---`` YAML block (jupytext writes the
-    latter when a cell carries nested metadata such as a figure caption).
-    """
-    if path.suffix == ".ipynb":
-        nb = json.loads(path.read_text())
-        return [{"source": c["source"] if isinstance(c["source"], str) else "".join(c["source"]),
-                 "tags": list(c.get("metadata", {}).get("tags", []))}
-                for c in nb["cells"] if c["cell_type"] == "code"]
-    cells, lines, i = [], path.read_text().splitlines(), 0
-    while i < len(lines):
-        if not lines[i].startswith("```{code-cell}"):
-            i += 1
-            continue
-        i += 1
-        options: list[str] = []
-        if i < len(lines) and lines[i].strip() == "---":  # YAML options block
-            i += 1
-            while i < len(lines) and lines[i].strip() != "---":
-                options.append(lines[i])
-                i += 1
-            i += 1
-        while i < len(lines) and lines[i].startswith(":") and ":" in lines[i][1:]:  # ":key: value" options
-            options.append(lines[i][1:])
-            i += 1
-        body = []
-        while i < len(lines) and not lines[i].startswith("```"):
-            body.append(lines[i])
-            i += 1
-        i += 1
-        while body and not body[0].strip():  # jupytext drops the blank line after the options
-            body.pop(0)
-        cells.append({"source": "\n".join(body).rstrip("\n"), "tags": _tags(options)})
-    return cells
-
-
-def _tags(options: list[str]) -> list[str]:
-    """The ``tags`` entry of a code cell's options (flow ``[a, b]`` or block ``- a`` style)."""
-    for k, line in enumerate(options):
-        m = re.match(r"\s*tags:\s*(.*)$", line)
-        if not m:
-            continue
-        value = m.group(1).strip()
-        if value.startswith("["):
-            return [t.strip().strip("'\"") for t in value.strip("[]").split(",") if t.strip()]
-        tags = []
-        for item in options[k + 1:]:
-            m2 = re.match(r"\s*-\s*(.+)$", item)
-            if not m2:
-                break
-            tags.append(m2.group(1).strip().strip("'\""))
-        return tags
-    return []
-
-
-_SCRIPT_RUNNER = r"""
-import json, sys, traceback
-cells = json.loads(open(sys.argv[1]).read())
-try:
-    from IPython.core.interactiveshell import InteractiveShell
-    shell = InteractiveShell.instance()
-    def run(src):
-        r = shell.run_cell(src, store_history=False, silent=False)
-        return r.error_before_exec or r.error_in_exec
-except ImportError:
-    ns = {"__name__": "__main__"}
-    def run(src):
-        try:
-            exec(compile(src, "<cell>", "exec"), ns)
-        except BaseException as e:
-            traceback.print_exc()
-            return e
-        return None
-results = []
-for i, cell in enumerate(cells):
-    err = run(cell["source"])
-    results.append(None if err is None else type(err).__name__)
-    if err is not None and "raises-exception" not in cell["tags"]:
-        break
-print("CELLS" + json.dumps(results))
-try:
-    from beyondgrad import runtime
-    print("RUNTIME" + json.dumps(runtime.describe().as_dict()))
-except Exception:
-    pass
-"""
-
-
-def run_chapter_script(source: Path, timeout: int, save: Path, env: dict[str, str]) -> ChapterResult:
-    """Execute a chapter's code cells as a plain script in a fresh process (no kernel)."""
-    used = source  # the MyST source is parsed directly (notebook_cells): no jupytext needed
-    cells = notebook_cells(used)
-    save.mkdir(parents=True, exist_ok=True)
-    cells_file = save / f"{source.stem}.cells.json"
-    cells_file.write_text(json.dumps(cells))
-    t0 = time.perf_counter()
-    try:
-        out = subprocess.run([sys.executable, "-c", _SCRIPT_RUNNER, str(cells_file)], env=env, cwd=source.parent,
-                             capture_output=True, text=True, timeout=timeout)
-        log = out.stdout + out.stderr
-    except subprocess.TimeoutExpired as e:
-        log = f"timed out after {timeout} s\n{e.stdout or ''}"
-    seconds = time.perf_counter() - t0
-    (save / f"{source.stem}.log").write_text(log)
-    raised: list[str | None] | None = None
-    rec: dict = {}
-    for line in log.splitlines():
-        if line.startswith("CELLS"):
-            raised = json.loads(line[5:])
-        elif line.startswith("RUNTIME"):
-            rec = json.loads(line[7:])
-    failure = ""
-    errors: list[ErrorCellResult] = []
-    if raised is None:
-        failure = f"the script did not finish: {log[-1500:]}"
-    else:
-        for i, (cell, got) in enumerate(zip(cells, raised)):
-            if "raises-exception" in cell["tags"]:
-                m = RAISES.match(cell["source"].lstrip())
-                errors.append(ErrorCellResult(i, m.group(1).rsplit(".", 1)[-1] if m else None, got))
-            elif got is not None:
-                failure = f"code cell {i} raised {got} (see {save.name}/{source.stem}.log)"
-        if len(raised) < len(cells) and not failure:
-            failure = f"stopped after code cell {len(raised) - 1}"
-    return ChapterResult(source.name, not failure and all(c.ok for c in errors), seconds, "script",
-                         _rel(used), rec.get("platform"), rec.get("device_count"),
-                         errors, failure)
 
 
 # --------------------------------------------------------------------------- tests, benchmark
@@ -473,18 +337,31 @@ class TestResult:
 
 
 def run_tests(env: dict[str, str], out: Path, pytest_args: list[str], timeout: int) -> TestResult:
+    """Run pytest and read its JUnit report; no report (crash, timeout) is a failure."""
     junit = out / "pytest-junit.xml"
+    junit.unlink(missing_ok=True)  # a report left by an earlier run must not count
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args]
     t0 = time.perf_counter()
+    returncode: int | None
     try:
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        log = proc.stdout + proc.stderr
+        log, returncode = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:
-        log = f"pytest timed out after {timeout} s\n{e.stdout or ''}"
+        out_text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        log, returncode = f"pytest timed out after {timeout} s\n{out_text}", None
     seconds = time.perf_counter() - t0
     (out / "pytest.log").write_text(log)
+    if returncode is None:
+        return TestResult(True, seconds, failures=[f"pytest timed out after {timeout} s (no report)"],
+                          note=f"pytest timed out after {timeout} s; last lines:\n{log[-1500:]}")
     if not junit.exists():
-        return TestResult(False, seconds, note=f"pytest wrote no report; last lines:\n{log[-1500:]}")
+        return TestResult(True, seconds, failures=[f"pytest exited {returncode} without a report (crash)"],
+                          note=f"pytest wrote no report; last lines:\n{log[-1500:]}")
+    return read_junit(junit, returncode, seconds)
+
+
+def read_junit(junit: Path, returncode: int, seconds: float) -> TestResult:
+    """Counts from a JUnit report; an empty report or a failing exit without failures fails."""
     res = TestResult(True, seconds)
     for case in ET.parse(junit).getroot().iter("testcase"):
         res.total += 1
@@ -499,6 +376,10 @@ def run_tests(env: dict[str, str], out: Path, pytest_args: list[str], timeout: i
             res.skipped += 1
         else:
             res.passed += 1
+    if res.total == 0:
+        res.failures.append(f"pytest ran no tests (exit {returncode})")
+    elif returncode != 0 and not res.failures:
+        res.failures.append(f"pytest exited {returncode} although every test in its report passed")
     return res
 
 
@@ -567,13 +448,13 @@ def render_markdown(report: dict) -> str:
     if not chapters:
         lines.append("Not run (`--skip-chapters`).")
     else:
-        lines += ["| chapter | result | time (s) | ran as | chapter's platform, devices | error cells |",
-                  "|---|---|---:|---|---|---|"]
+        lines += ["| chapter | result | time (s) | chapter's platform, devices | error cells |",
+                  "|---|---|---:|---|---|"]
         for c in chapters:
             cells = _error_cells_summary(c["error_cells"])
             where = f"{c['platform']}, {c['device_count']}" if c["platform"] else "not reported"
             lines.append(f"| {c['chapter']} | {'pass' if c['ok'] else 'FAIL'} | {c['seconds']:.1f} | "
-                         f"{c['mode']} | {where} | {cells} |")
+                         f"{where} | {cells} |")
         for c in chapters:
             if c["failure"]:
                 lines += ["", f"{c['chapter']} failed:", "", "```text", c["failure"].strip()[-1500:], "```"]
@@ -586,6 +467,8 @@ def render_markdown(report: dict) -> str:
                      f"{t['skipped']} skipped ({t['total']} in all) in {t['seconds']:.0f} s.")
         if t["failures"]:
             lines += ["", "Not passing:", ""] + [f"- `{f}`" for f in t["failures"]]
+        if t["note"]:
+            lines += ["", "```text", t["note"].strip()[-1500:], "```"]
     lines += ["", "### Laplacian benchmark", ""]
     b = report["benchmark"]
     if not b["ran"]:
@@ -604,7 +487,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-cpu", action="store_true", help="run even if JAX finds no GPU/TPU (a dry run)")
     ap.add_argument("--wheels", help="folder of wheels for packages this machine lacks (installed offline)")
     ap.add_argument("--check", action="store_true", help="only report devices and missing packages")
-    ap.add_argument("--script-mode", action="store_true", help="run chapters as plain scripts, even with nbclient")
     ap.add_argument("--skip-chapters", action="store_true")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--skip-benchmark", action="store_true")
@@ -643,16 +525,18 @@ def main(argv: list[str] | None = None) -> int:
               "or pass --allow-cpu for a dry run on CPU.", file=sys.stderr)
         return 2
 
-    use_nbclient = not ns.script_mode and not {"nbclient", "ipykernel", "nbformat"} & set(missing)
+    lacking = [m for m in REQUIRED_TO_RUN if m in missing]
+    if lacking:
+        print(f"[accel] {', '.join(lacking)} missing: the chapters run in a Jupyter kernel (nbclient) "
+              f"and are read with jupytext. Fetch them with\n        {pip_download_line(lacking)}",
+              file=sys.stderr)
+        return 2
     sources = [Path(p).resolve() for p in ns.chapters] or default_sources()
     chapters: list[ChapterResult] = []
     if not ns.skip_chapters:
         for source in sources:
-            print(f"[accel] executing {source.name} ({'kernel' if use_nbclient else 'plain script'}) ...", flush=True)
-            if use_nbclient:
-                res = run_chapter_nbclient(source, ns.chapter_timeout, out / "executed")
-            else:
-                res = run_chapter_script(source, ns.chapter_timeout, out / "executed", env)
+            print(f"[accel] executing {source.name} ...", flush=True)
+            res = run_chapter_nbclient(source, ns.chapter_timeout, out / "executed")
             chapters.append(res)
             print(f"[accel]   {'pass' if res.ok else 'FAIL'} in {res.seconds:.1f} s on {res.platform}"
                   + (f": {res.failure[:300]}" if res.failure else ""), flush=True)
@@ -682,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "report.md").write_text(render_markdown(report))
     print(f"[accel] wrote {out / 'report.md'} and {out / 'report.json'}")
-    ok = all(c.ok for c in chapters) and (not tests.ran or not tests.failures) and (not bench.ran or bench.ok)
+    ok = all(c.ok for c in chapters) and not tests.failures and (not bench.ran or bench.ok)
     return 0 if ok else 1
 
 

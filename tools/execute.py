@@ -8,16 +8,17 @@ exactly that class and that the prose just before the cell names it.
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.book import ROOT, cached_execution, chapter_sources
+from tools.book import ROOT, build_dir, cached_execution, chapter_sources, expected_exception
 
-TEST_CACHE = ROOT / "_build" / "test_execute"
-RAISES = re.compile(r"^#\s*raises\s+([A-Za-z_][\w.]*)")
+
+def test_cache() -> Path:
+    """Where executed chapters are kept between test runs (inside this environment's build)."""
+    return build_dir() / "test_execute"
 
 
 def _newest_input_mtime(source: Path) -> float:
@@ -48,12 +49,13 @@ def executed_notebook(source: Path):
     built = cached_execution(source)
     if built is not None and built[1] >= newest:
         return built[0]
-    candidate = TEST_CACHE / f"{source.stem}.ipynb"
+    cache = test_cache()
+    candidate = cache / f"{source.stem}.ipynb"
     if candidate.exists() and candidate.stat().st_mtime >= newest:
         return nbformat.read(candidate, as_version=4)
     nb, _ = execute(source)
-    TEST_CACHE.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, TEST_CACHE / f"{source.stem}.ipynb")
+    cache.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, cache / f"{source.stem}.ipynb")
     return nb
 
 
@@ -75,12 +77,11 @@ def error_cells(nb) -> list[ErrorCell]:
             continue
         if cell.cell_type != "code" or "raises-exception" not in cell.metadata.get("tags", []):
             continue
-        m = RAISES.match(cell.source.lstrip())
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         found.append(
             ErrorCell(
                 index=i,
-                expected=m.group(1).rsplit(".", 1)[-1] if m else None,
+                expected=expected_exception(cell.source),
                 raised=errors[0]["ename"] if errors else None,
                 prose=prose,
             )
