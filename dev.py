@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
 """Set up, build and test Beyond grad. Needs only Python 3.11+.
 
-    python3 dev.py book        # install into .venv if needed, build the executed book (_build/html)
+    python3 dev.py book        # install into .venv if needed, build the executed book
+                               # (_build/html), then check every page in Chromium
     python3 dev.py test        # install into .venv if needed, run the test suite
-    python3 dev.py sync        # regenerate chapters/*.ipynb from their MyST sources
+    python3 dev.py sync        # regenerate the notebooks (chapters/*.ipynb, notebooks/student/)
+    python3 dev.py lint        # ruff check + ruff format --check
     python3 dev.py chapter chapters/01_tracers.md   # execute one chapter, report errors and time
     python3 dev.py page chapters/01_tracers.md      # build only that chapter as a book, with -W
 
 Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
 --jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX), --force (book:
-re-execute every notebook, ignoring the cache; always on when CI=true).
+re-execute every notebook, ignoring the cache; always on when CI=true), --upgrade
+(newest: upgrade jax, jaxlib, folx and numpy to their newest releases; always on when
+CI=true, so CI's newest environment really is the newest).
 Re-running is fast: the environment is reinstalled only when requirements change.
+Each JAX environment builds into its own folder (_build for the newest JAX,
+_build-floor/_build for the floor): executed notebooks never cross environments.
 """
 
 from __future__ import annotations
@@ -25,9 +31,27 @@ import time
 import venv
 from pathlib import Path
 
+if sys.version_info < (3, 11):  # noqa: UP036 (a clear message on an old Python)
+    sys.exit(f"Python 3.11+ is needed, this is {sys.version.split()[0]}")
+
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from tools.book import jax_floor  # noqa: E402  (stdlib only)
+
+#: What the newest environment upgrades (--upgrade, and always on CI), and what every
+#: command reports as the resolved versions.
+UPGRADED = ("jax", "jaxlib", "folx", "numpy")
+#: What `dev.py lint` checks with ruff (configured in pyproject.toml, 88 columns).
+LINTED = ("src", "tests", "tools", "benchmarks", "dev.py")
+
+
+def on_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def build_dir(jax_spec: str) -> Path:
+    """The build folder of an environment: ``_build`` (newest), ``_build-<spec>/_build`` (others)."""
+    return ROOT / "_build" if jax_spec == "newest" else ROOT / f"_build-{jax_spec}" / "_build"
 
 
 def jax_requirements(spec: str) -> list[str]:
@@ -43,8 +67,6 @@ def venv_python(env: Path) -> Path:
 
 def ensure_env(env: Path, jax_spec: str) -> Path:
     """Create/refresh the virtual environment; skip when nothing it depends on changed."""
-    if sys.version_info < (3, 11):
-        sys.exit(f"Python 3.11+ is needed, this is {sys.version.split()[0]}")
     reqs = jax_requirements(jax_spec)
     # The venv keeps the Python it was created with; the stamp covers what is installed into it.
     stamp_text = "\n".join([*reqs, (ROOT / "requirements.txt").read_text(), (ROOT / "pyproject.toml").read_text()])
@@ -66,8 +88,37 @@ def ensure_env(env: Path, jax_spec: str) -> Path:
     return py
 
 
-def run_env() -> dict[str, str]:
+def upgrade_newest(py: Path) -> None:
+    """Upgrade jax, jaxlib, folx and numpy to their newest releases (pip's resolver decides)."""
+    t0 = time.perf_counter()
+    print(f"[dev] upgrading {', '.join(UPGRADED)} to the newest releases ...", flush=True)
+    cmd = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-U", *UPGRADED]
+    subprocess.run(cmd, check=True)
+    print(f"[dev] upgraded in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+_VERSIONS = (
+    "import importlib.metadata as m, platform\n"
+    "names = {names!r}\n"
+    "def v(n):\n"
+    "    try:\n"
+    "        return m.version(n)\n"
+    "    except m.PackageNotFoundError:\n"
+    "        return 'not installed'\n"
+    "print(', '.join(f'{{n}} {{v(n)}}' for n in names) + f', Python {{platform.python_version()}}')\n"
+)
+
+
+def resolved_versions(py: Path) -> str:
+    """``jax X, jaxlib Y, folx Z, numpy W, Python V`` as installed in the environment."""
+    code = _VERSIONS.format(names=UPGRADED)
+    return subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def run_env(build: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if build is not None:  # tools.book.build_dir(): caches of executed notebooks live here
+        env["BEYONDGRAD_BUILD_DIR"] = str(build)
     # Several notebooks may share one GPU during a build: allocate on demand.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     # This checkout's src/ first: a worktree or a plain clone runs its own package,
@@ -77,25 +128,30 @@ def run_env() -> dict[str, str]:
     return env
 
 
-def cmd_book(py: Path, force: bool) -> int:
-    build = ROOT / "_build"
+def cmd_book(py: Path, force: bool, build: Path) -> int:
+    """Build the executed book into ``build`` with -W, then check every page in Chromium."""
     if force:
         for sub in ("html", ".jupyter_cache", "jupyter_execute", ".doctrees"):
             shutil.rmtree(build / sub, ignore_errors=True)
     t0 = time.perf_counter()
-    rc = subprocess.run(
-        [str(py.parent / "jupyter-book"), "build", str(ROOT), "-W", "-n", "--keep-going"], env=run_env()
-    ).returncode
-    print(f"[dev] book build exited {rc} after {time.perf_counter() - t0:.0f} s; open _build/html/index.html")
+    book_cmd = [str(py.parent / "jupyter-book"), "build", str(ROOT), "--path-output", str(build.parent)]
+    rc = subprocess.run([*book_cmd, "-W", "-n", "--keep-going"], env=run_env(build)).returncode
+    html = build / "html"
+    print(f"[dev] book build exited {rc} after {time.perf_counter() - t0:.0f} s; open {html}/index.html")
+    if rc != 0:
+        return rc
+    t0 = time.perf_counter()
+    rc = subprocess.run([str(py), "-m", "tools.browser", str(html)], cwd=ROOT, env=run_env(build)).returncode
+    print(f"[dev] browser checks exited {rc} after {time.perf_counter() - t0:.0f} s")
     return rc
 
 
-def cmd_page(py: Path, paths: list[str]) -> int:
+def cmd_page(py: Path, paths: list[str], build: Path) -> int:
     """Build a small book of the given chapters only (for authors): same config, -W."""
     if not paths:
         sys.exit("dev.py page needs chapter files, e.g. chapters/01_tracers.md")
     stems = [Path(p).with_suffix("").as_posix() for p in paths]
-    out = ROOT / "_build" / "pages" / "-".join(Path(s).name for s in stems)
+    out = build / "pages" / "-".join(Path(s).name for s in stems)
     out.mkdir(parents=True, exist_ok=True)
     toc = out / "_toc.yml"
     # The first page is the root, so the intro (which links every chapter) stays out;
@@ -104,21 +160,35 @@ def cmd_page(py: Path, paths: list[str]) -> int:
     entries = "\n".join(f"      - file: {s}" for s in rest)
     toc.write_text(f"format: jb-book\nroot: {stems[0]}\nparts:\n  - caption: Pages\n    chapters:\n{entries}\n")
     cmd = [str(py.parent / "jupyter-book"), "build", str(ROOT), "--toc", str(toc), "--path-output", str(out)]
-    rc = subprocess.run([*cmd, "-W", "-n", "--keep-going"], env=run_env()).returncode
+    rc = subprocess.run([*cmd, "-W", "-n", "--keep-going"], env=run_env(out / "_build")).returncode
     print(f"[dev] page build exited {rc}; open {out}/_build/html/index.html")
     return rc
 
 
-def cmd_test(py: Path, pytest_args: list[str]) -> int:
-    rc = subprocess.run([str(py), "-m", "pytest", *pytest_args], cwd=ROOT, env=run_env()).returncode
+def cmd_lint(py: Path) -> int:
+    """ruff check and ruff format --check over the package, tests, tools and benchmarks."""
+    paths = [p for p in LINTED if (ROOT / p).exists()]
+    ruff = [str(py), "-m", "ruff"]
+    rc = subprocess.run([*ruff, "check", *paths], cwd=ROOT).returncode
+    fmt = subprocess.run([*ruff, "format", "--check", *paths], cwd=ROOT).returncode
+    if fmt:
+        print(f"[dev] ruff format would reformat files: run `{py} -m ruff format {' '.join(paths)}`")
+    return rc or fmt
+
+
+def cmd_test(py: Path, pytest_args: list[str], build: Path) -> int:
+    rc = subprocess.run([str(py), "-m", "pytest", *pytest_args], cwd=ROOT, env=run_env(build)).returncode
     if rc == 5:  # pytest: no tests collected (e.g. a -k filter matched nothing)
         print("[dev] pytest collected no tests")
     return rc
 
 
-def cmd_chapter(py: Path, paths: list[str]) -> int:
+def cmd_chapter(py: Path, paths: list[str], build: Path) -> int:
     code = "import sys; from tools.execute import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([str(py), "-c", code, *paths], cwd=ROOT, env=run_env()).returncode
+    return subprocess.run([str(py), "-c", code, *paths], cwd=ROOT, env=run_env(build)).returncode
+
+
+COMMANDS = ["book", "test", "sync", "lint", "chapter", "page", "setup"]
 
 
 def main(argv: list[str]) -> int:
@@ -126,20 +196,27 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--venv", default=os.environ.get("BEYONDGRAD_VENV", str(ROOT / ".venv")), help="virtual environment")
     ap.add_argument("--jax", default=os.environ.get("BEYONDGRAD_JAX", "newest"), help="newest (default), floor, or X.Y.Z")
     ap.add_argument("--force", action="store_true", help="book: re-execute every notebook")
-    ap.add_argument("command", choices=["book", "test", "sync", "chapter", "page", "setup"])
+    ap.add_argument("--upgrade", action="store_true", help="newest: upgrade jax, jaxlib, folx, numpy (on CI always)")
+    ap.add_argument("command", choices=COMMANDS)
     ap.add_argument("args", nargs=argparse.REMAINDER, help="pytest arguments (test) or chapter files (chapter)")
     ns = ap.parse_args(argv)
     py = ensure_env(Path(ns.venv).resolve(), ns.jax)
+    if ns.jax == "newest" and (ns.upgrade or on_ci()):
+        upgrade_newest(py)
+    print(f"[dev] {ns.jax} environment {ns.venv}: {resolved_versions(py)}", flush=True)
+    build = build_dir(ns.jax)
     if ns.command == "book":
-        return cmd_book(py, ns.force or os.environ.get("CI") == "true")
+        return cmd_book(py, ns.force or on_ci(), build)
     if ns.command == "test":
-        return cmd_test(py, ns.args)
+        return cmd_test(py, ns.args, build)
     if ns.command == "sync":
-        return subprocess.run([str(py), "-m", "tools.book"], cwd=ROOT, env=run_env()).returncode
+        return subprocess.run([str(py), "-m", "tools.book"], cwd=ROOT, env=run_env(build)).returncode
+    if ns.command == "lint":
+        return cmd_lint(py)
     if ns.command == "chapter":
-        return cmd_chapter(py, ns.args)
+        return cmd_chapter(py, ns.args, build)
     if ns.command == "page":
-        return cmd_page(py, ns.args)
+        return cmd_page(py, ns.args, build)
     return 0  # setup: environment only
 
 

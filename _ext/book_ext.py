@@ -4,9 +4,13 @@
 * ``ipythontb`` lexer that never fails: IPython's traceback lexer stops at characters
   such as backticks in JAX's error messages, and Sphinx then warns (fatal under ``-W``).
   Ours keeps IPython's highlighting and passes the untokenisable text through as text.
-* ``{book-status}`` directive: a table, filled at build time, of each executed page's
-  run time (myst-nb's execution data) and the JAX/jaxlib/Python versions and devices
-  that produced its outputs (the ``describe()`` record printed by its setup cell).
+* ``{book-status}`` directive: the versions of jax, jaxlib, folx and numpy in the
+  environment that built the book, and a table, filled at build time, of each executed
+  page's run time (myst-nb's execution data) and the JAX/jaxlib/Python versions and
+  devices that produced its outputs (the ``describe()`` record printed by its setup cell).
+* On every chapter page with solutions, a box at the top of its *Exercises* section that
+  opens the chapter's student notebook (solutions replaced by links back to the book)
+  on Colab; the launch button opens the self-study notebook.
 """
 
 from __future__ import annotations
@@ -20,9 +24,19 @@ from sphinx.util.docutils import SphinxDirective
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tools.book import cached_execution, jax_floor  # noqa: E402
+from tools.book import (  # noqa: E402
+    cached_execution,
+    is_solution,
+    jax_floor,
+    md_to_notebook,
+    student_colab_url,
+    student_path,
+)
 
 STATUS_DOC = "status"
+#: Packages whose installed versions the status page records for the build environment.
+BUILD_PACKAGES = ("jax", "jaxlib", "folx", "numpy")
+EXERCISES_TITLE = "Exercises"
 
 
 def robust_traceback_lexer():
@@ -106,8 +120,70 @@ def fill_status(app: Sphinx, doctree: nodes.document, docname: str) -> None:
                 str(rec.get("python_version", "-")),
             ]
         )
+    built_with = nodes.paragraph(text="Built with " + build_versions() + ".")
     for node in doctree.findall(status_placeholder):
-        node.replace_self(_table(rows, header) if rows else nodes.paragraph(text="No page was executed."))
+        table = _table(rows, header) if rows else nodes.paragraph(text="No page was executed.")
+        node.replace_self([built_with.deepcopy(), table])
+
+
+def build_versions() -> str:
+    """``jax X, jaxlib Y, folx Z, numpy W, Python V``: the environment building the book."""
+    import importlib.metadata
+    import platform
+
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    parts = [f"{name} {version(name)}" for name in BUILD_PACKAGES]
+    return ", ".join([*parts, f"Python {platform.python_version()}"])
+
+
+def student_notebook_box(url: str) -> nodes.admonition:
+    """The box that opens the student notebook on Colab."""
+    box = nodes.admonition(classes=["tip", "student-notebook"])
+    box += nodes.title(text="Exercises without the solutions")
+    para = nodes.paragraph()
+    para += nodes.Text("Working through these in a class or on your own? Open the ")
+    para += nodes.reference("", "student notebook on Colab", refuri=url, classes=["student-notebook-link"])
+    para += nodes.Text(
+        ": the same chapter, with each solution replaced by a link back to this page. "
+        "The launch button at the top opens the self-study notebook, solutions included "
+        "(collapsed)."
+    )
+    box += para
+    return box
+
+
+def add_student_notebook_link(app: Sphinx, doctree: nodes.document) -> None:
+    """Put the student-notebook box at the top of a chapter's Exercises section.
+
+    Only for chapters (paired with an .ipynb) that have solution cells. The section is
+    found by its title, at any level; a chapter with solutions but no Exercises section
+    gets a warning (fatal under -W), as does one whose student notebook is missing.
+    """
+    source = Path(app.env.doc2path(app.env.docname))
+    if source.suffix != ".md" or not source.with_suffix(".ipynb").exists():
+        return
+    if not any(is_solution(c) for c in md_to_notebook(source)["cells"]):
+        return
+    from sphinx.util import logging
+
+    logger = logging.getLogger(__name__)
+    if not student_path(source).exists():
+        logger.warning(f"{student_path(source).name} is missing: run `python3 dev.py sync`", location=app.env.docname)
+        return
+    for section in doctree.findall(nodes.section):
+        title = section.next_node(nodes.title)
+        if title is not None and title.astext().strip() == EXERCISES_TITLE:
+            section.insert(section.index(title) + 1, student_notebook_box(student_colab_url(source)))
+            return
+    logger.warning(
+        f"{source.name} has solution cells but no '## {EXERCISES_TITLE}' section for the student-notebook link",
+        location=app.env.docname,
+    )
 
 
 def always_rewrite_status(app, env, added, changed, removed):
@@ -156,6 +232,7 @@ def setup(app: Sphinx) -> dict:
     app.add_directive("book-status", BookStatus)
     app.connect("config-inited", add_substitutions)
     app.connect("doctree-resolved", fill_status)
+    app.connect("doctree-read", add_student_notebook_link)
     app.connect("html-page-context", drop_launch_without_notebook, priority=502)  # after the theme
     app.connect("env-get-outdated", always_rewrite_status)
     app.connect("html-page-context", dedupe_inline_scripts, priority=900)

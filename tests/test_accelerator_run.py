@@ -10,6 +10,7 @@ import pytest
 
 from tools import accelerator_run as ar
 
+
 def test_wheel_distribution_names():
     assert ar.wheel_distribution(Path("folx-0.2.30-py3-none-any.whl")) == "folx"
     assert ar.wheel_distribution(Path("PyYAML-6.0.2-cp312-cp312-manylinux_2_17_x86_64.whl")) == "pyyaml"

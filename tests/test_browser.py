@@ -1,507 +1,62 @@
-"""The built book as a reader's browser sees it: every page opened in headless Chromium.
+"""The browser checks of the built book (tools/browser.py), tested without a book build.
 
-The HTML build (``_build/html``, or the folder named by ``BEYONDGRAD_HTML``, e.g. a
-``dev.py page`` build) is served on 127.0.0.1 and every page is opened with Playwright
-driving Debian's ``chromium``. Each page must show:
-
-* no JavaScript error (console errors and uncaught exceptions) and no failed local request;
-* every ``<img>`` loaded (``naturalWidth > 0``), figures in the text with alt text, and
-  no cell output that shows a matplotlib figure as text (``<Figure size ...>``);
-* on pages with math, every formula typeset by MathJax (``mjx-container``, no ``merror``);
-* hidden cells (``hide-input`` solutions, ``hide-cell``, ``hide-output``) collapsed;
-* on chapter pages: the Colab launch link for that chapter's ``.ipynb`` on the
-  repository/branch of ``_config.yml`` (the ``.ipynb`` exists in the repository), a
-  launch menu that shows it, a working ``.ipynb`` download, and as many collapsed
-  ``hide-input`` cells as the chapter's source has.
-
-``test_the_checks_catch_a_broken_page`` runs the same checks on a synthetic page with
-every defect they look for, so that a check that silently stopped working is noticed.
-
-The machine has no network: requests to any host but 127.0.0.1 are blocked, and the
-console errors they cause are not counted. MathJax is loaded from a CDN by the built
-pages; the test serves that request from a local MathJax 3 copy (the files of the
-``sphinx-mathjax-offline`` package, or ``BEYONDGRAD_MATHJAX=DIR`` holding
-``tex-mml-chtml.js``); a book built with MathJax in its own ``_static`` needs neither.
-
-A full-page screenshot of each page goes to a temporary folder (its path is printed),
-kept when ``BEYONDGRAD_SCREENSHOTS=DIR`` names one.
-
-Without Chromium (or the ``playwright`` package) the tests are skipped, unless ``CI`` is
-set, where that is a failure. Without an HTML build they fail: run ``python3 dev.py book``.
+``python3 dev.py book`` runs the checks on every page of the book it has just built
+(so ``dev.py test`` needs no build). Here they run on synthetic pages with the defects
+they look for, so that a check that silently stopped working is noticed, and dev.py is
+checked to run them after a successful build. Without Chromium (or Playwright) the
+browser tests are skipped, unless ``CI`` is set, where that is a failure.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import http.server
-import importlib.util
-import json
 import os
-import re
-import shutil
-import tempfile
-import threading
-from collections.abc import Iterator
+import subprocess
+import sys
 from pathlib import Path
-from urllib.parse import urljoin, urlparse
 
 import pytest
 
+import dev
 from tools import book
-
-ROOT = book.ROOT
-HTML_ROOT = Path(os.environ.get("BEYONDGRAD_HTML") or ROOT / "_build" / "html")
-if not HTML_ROOT.is_absolute():
-    HTML_ROOT = ROOT / HTML_ROOT
-SKIPPED_DIRS = {"_static", "_sources", "_images"}
-SKIPPED_PAGES = {"genindex.html", "search.html"}
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-LOCAL_HOST = "127.0.0.1"
-# What the built pages load MathJax 3 from (sphinx's default mathjax_path, which
-# jupyter-book keeps): https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js
-MATHJAX_CDN = re.compile(r"https://cdn\.jsdelivr\.net/npm/mathjax@3[^/]*/es5/(?P<path>[^?#]+)")
-PAGE_TIMEOUT_MS = 30_000
-REFRESH = re.compile(r'<meta\s+http-equiv="refresh"\s+content="\d+;\s*url=(?P<url>[^"]+)"', re.IGNORECASE)
+from tools import browser as browser_checks
 
 
-def html_pages(root: Path) -> list[str]:
-    """Every page of the build, relative to ``root`` (no index/search pages, no assets)."""
-    if not root.is_dir():
-        return []
-    pages = []
-    for path in root.rglob("*.html"):
-        rel = path.relative_to(root)
-        if rel.parts[0] in SKIPPED_DIRS or rel.as_posix() in SKIPPED_PAGES:
-            continue
-        pages.append(rel.as_posix())
-    return sorted(pages)
-
-
-PAGES = html_pages(HTML_ROOT)
-
-
-def chromium_executable() -> str | None:
-    exe = shutil.which("chromium")
-    if exe is None and Path("/usr/bin/chromium").exists():
-        exe = "/usr/bin/chromium"
-    return exe
-
-
-def ci() -> bool:
+def _ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def require_browser() -> str:
-    """Chromium's path; skip (fail under CI) when Chromium or Playwright is missing."""
-    missing = []
-    exe = chromium_executable()
-    if exe is None:
-        missing.append("Chromium (Debian: `apt-get install -y chromium`)")
-    if importlib.util.find_spec("playwright") is None:
-        missing.append("the Python package `playwright` (in requirements.txt)")
+@pytest.fixture(scope="module")
+def browser():
+    missing = browser_checks.missing_requirements()
     if missing:
-        message = "the browser test needs " + " and ".join(missing)
-        if not ci():
-            pytest.skip(message + " (with CI set this is a failure)")
-        pytest.fail(message)
-    return str(exe)
-
-
-def require_html() -> Path:
-    if not (HTML_ROOT / "index.html").exists():
-        pytest.fail(
-            f"no HTML build at {HTML_ROOT} (index.html missing): run `python3 dev.py book` first "
-            "(or point BEYONDGRAD_HTML at a build, e.g. _build/pages/00_setup/_build/html)"
-        )
-    return HTML_ROOT
-
-
-def local_mathjax_dir() -> Path | None:
-    """A local MathJax 3 distribution (the folder holding ``tex-mml-chtml.js``), if any."""
-    candidates = []
-    if os.environ.get("BEYONDGRAD_MATHJAX"):
-        candidates.append(Path(os.environ["BEYONDGRAD_MATHJAX"]))
-    spec = importlib.util.find_spec("sphinx-mathjax-offline")
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [Path(p) / "static" / "mathjax" for p in spec.submodule_search_locations]
-    candidates.append(HTML_ROOT / "_static" / "mathjax")
-    for folder in candidates:
-        if (folder / "tex-mml-chtml.js").is_file():
-            return folder.resolve()
-    return None
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 (signature of the base class)
-        pass
-
-
-# ---------------------------------------------------------------------------------------
-# fixtures: one server and one browser for the module
-
-
-@pytest.fixture(scope="module")
-def chromium_path() -> str:
-    return require_browser()
-
-
-@contextlib.contextmanager
-def serve(root: Path) -> Iterator[str]:
-    """Serve ``root`` on 127.0.0.1 (a free port) in a thread; yield its base URL."""
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer((LOCAL_HOST, 0), handler)
-    thread = threading.Thread(target=server.serve_forever, name="book-http", daemon=True)
-    thread.start()
-    try:
-        yield f"http://{LOCAL_HOST}:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def base_url(chromium_path: str) -> Iterator[str]:
-    with serve(require_html()) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser(chromium_path: str):
+        message = "the browser checks need " + " and ".join(missing)
+        if _ci():
+            pytest.fail(message)
+        pytest.skip(message + " (with CI set this is a failure)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS, headless=True)
+        b = pw.chromium.launch(
+            executable_path=browser_checks.chromium_executable(), args=browser_checks.CHROMIUM_ARGS, headless=True
+        )
         try:
             yield b
         finally:
             b.close()
 
 
-@pytest.fixture(scope="module")
-def screenshot_dir(request, chromium_path: str) -> Iterator[Path]:
-    keep = os.environ.get("BEYONDGRAD_SCREENSHOTS")
-    folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="beyondgrad-screenshots-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    note = f"[browser] screenshots of {HTML_ROOT} -> {folder}"
-    if not keep:
-        note += " (deleted at the end; set BEYONDGRAD_SCREENSHOTS=DIR to keep them)"
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        print(f"\n{note}", flush=True)  # shown even when pytest captures output
-    try:
-        yield folder
-    finally:
-        if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
+def test_html_pages_skips_assets_and_index_pages(tmp_path):
+    for rel in ["index.html", "intro.html", "chapters/01_tracers.html", "_static/x.html", "genindex.html",
+                "search.html", "_sources/a.html"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("<html></html>")
+    assert browser_checks.html_pages(tmp_path) == ["chapters/01_tracers.html", "index.html", "intro.html"]
 
 
-# ---------------------------------------------------------------------------------------
-# the checks, each returning a list of problems in plain words
-
-_IMAGES_JS = """async () => {
-  const imgs = Array.from(document.images);
-  for (const i of imgs) if (i.loading === 'lazy') i.loading = 'eager';
-  const settle = i => i.complete ? null : new Promise(r => {
-    i.addEventListener('load', r, {once: true}); i.addEventListener('error', r, {once: true}); });
-  const timeout = new Promise(r => setTimeout(r, 15000));
-  await Promise.race([Promise.all(imgs.map(settle)), timeout]);
-  return imgs.map(i => ({src: i.currentSrc || i.src, width: i.naturalWidth, complete: i.complete,
-                         alt: i.getAttribute('alt'), inArticle: !!i.closest('article')}));
-}"""
-
-_MATH_JS = r"""() => {
-  const nodes = Array.from(document.querySelectorAll('span.math, div.math'));
-  const error = n => {
-    const merror = n.querySelector('mjx-merror');
-    if (merror) return merror.getAttribute('data-mjx-error') || 'TeX error';
-    // an undefined macro is shown as red text, e.g. <mtext mathcolor="red">\badmacro</mtext>
-    const undef = Array.from(n.querySelectorAll('mtext[mathcolor="red"]')).find(t => t.textContent.startsWith('\\'));
-    return undef ? `undefined macro ${undef.textContent}` : null;
-  };
-  return nodes.map(n => ({typeset: !!n.querySelector('mjx-container'), error: error(n),
-                          tex: (n.getAttribute('data-tex') || n.textContent || '').trim().slice(0, 80)}));
-}"""
-
-_HIDDEN_JS = """() => {
-  // Chromium lays out closed <details> content with content-visibility: hidden, so it
-  // keeps a box: ask checkVisibility(), which looks at that, not at the box.
-  const shown = el => el.checkVisibility ? el.checkVisibility() : el.getClientRects().length > 0;
-  const hidden_cells = '.cell.tag_hide-input, .cell.tag_hide-cell, .cell.tag_hide-output';
-  const cells = Array.from(document.querySelectorAll(hidden_cells));
-  const out = cells.map(cell => {
-    const d = cell.querySelector('details');
-    const hidden = d ? Array.from(d.children).filter(c => c.tagName !== 'SUMMARY') : [];
-    const tag = (cell.className.match(/tag_hide-(input|cell|output)/) || ['?'])[0].replace('tag_', '');
-    return {tag, hasDetails: !!d, open: d ? d.open : null, hiddenShown: hidden.some(shown),
-            head: (cell.innerText || '').trim().split('\\n')[0].slice(0, 60)};
-  });
-  for (const d of document.querySelectorAll('details')) {
-    if (d.closest('.cell')) continue;
-    const summary = d.querySelector('summary');
-    if (summary && /solution/i.test(summary.innerText))
-      out.push({tag: 'solution dropdown', hasDetails: true, open: d.open, hiddenShown: false,
-                head: summary.innerText.trim().slice(0, 60)});
-  }
-  return out;
-}"""
-
-
-def check_images(page) -> list[str]:
-    problems = []
-    for img in page.evaluate(_IMAGES_JS):
-        src = img["src"]
-        if urlparse(src).hostname not in (LOCAL_HOST, None) and not src.startswith("data:"):
-            problems.append(f"image from an external host (not shipped with the book): {src}")
-        elif not img["complete"] or img["width"] == 0:
-            problems.append(f"image did not load (naturalWidth 0): {src}")
-        if img["inArticle"] and not (img["alt"] or "").strip():
-            problems.append(f"image in the text without alt text: {src}")
-    return problems
-
-
-_FIGURES_JS = r"""() => {
-  const problems = [];
-  for (const f of document.querySelectorAll('.cell_output figure')) {
-    // (the copy button of a code block carries an svg icon: not a picture)
-    if (!Array.from(f.querySelectorAll('img, svg, canvas')).some(e => !e.closest('button'))) {
-      const caption = (f.querySelector('figcaption') || f).innerText.trim().split('\n')[0].slice(0, 70);
-      problems.push(`figure without an image: ${caption}`);
+def test_check_build_without_a_build_says_so(tmp_path):
+    assert browser_checks.check_build(tmp_path) == {
+        "index.html": [f"no HTML build at {tmp_path} (index.html missing)"]
     }
-  }
-  for (const o of document.querySelectorAll('.cell_output .output')) {
-    const m = (o.innerText || '').match(/<Figure size [0-9.]+x[0-9.]+ with \d+ Axes>/);
-    if (m) problems.push(`a matplotlib figure is shown as text ${m[0]}: the kernel had no inline backend ` +
-                         '(add %matplotlib inline to the chapter, or display the figure explicitly)');
-  }
-  return problems;
-}"""
-
-
-def check_figures(page) -> list[str]:
-    """Every figure of a cell output is an image (not a ``<Figure size ...>`` text repr)."""
-    return page.evaluate(_FIGURES_JS)
-
-
-def check_math(page, mathjax_src: str | None, have_local_mathjax: bool) -> list[str]:
-    """Every formula typeset by MathJax (only on pages that contain math)."""
-    count = page.locator("span.math, div.math").count()
-    if count == 0:
-        return []
-    if mathjax_src is None:
-        return [f"{count} formulas but no MathJax script on the page"]
-    if urlparse(mathjax_src).hostname != LOCAL_HOST and not (MATHJAX_CDN.match(mathjax_src) and have_local_mathjax):
-        return [
-            f"MathJax comes from {mathjax_src}, which this machine cannot reach, and no local MathJax 3 "
-            "was found: install `sphinx-mathjax-offline` or set BEYONDGRAD_MATHJAX to a folder holding tex-mml-chtml.js"
-        ]
-    try:
-        page.wait_for_function(
-            "() => window.MathJax && window.MathJax.startup && window.MathJax.startup.promise",
-            timeout=PAGE_TIMEOUT_MS,
-        )
-        page.evaluate("() => window.MathJax.startup.promise.then(() => true)")
-    except Exception as e:  # playwright's TimeoutError/Error: report, don't crash the other checks
-        return [f"MathJax did not start within {PAGE_TIMEOUT_MS / 1000:.0f} s: {str(e).splitlines()[0]}"]
-    problems = []
-    for m in page.evaluate(_MATH_JS):
-        if not m["typeset"]:
-            problems.append(f"formula not typeset by MathJax: {m['tex']!r}")
-        elif m["error"]:
-            problems.append(f"MathJax error {m['error']!r} in {m['tex']!r}")
-    return problems
-
-
-def check_hidden_collapsed(page) -> list[str]:
-    problems = []
-    for cell in page.evaluate(_HIDDEN_JS):
-        where = f"{cell['tag']} cell starting {cell['head']!r}"
-        if not cell["hasDetails"]:
-            problems.append(f"{where} has no collapsible <details>")
-        elif cell["open"] or cell["hiddenShown"]:
-            problems.append(f"{where} is expanded on load; it must be collapsed by default")
-    return problems
-
-
-def expected_hide_input_cells(source: Path) -> int:
-    """How many code cells of the chapter's source show a collapsed input (``hide-input``)."""
-    nb = book.md_to_notebook(source)
-    count = 0
-    for cell in nb["cells"]:
-        tags = set(cell.get("metadata", {}).get("tags", []))
-        if cell["cell_type"] == "code" and "hide-input" in tags and not tags & {"remove-cell", "remove-input"}:
-            count += 1
-    return count
-
-
-def check_chapter(page, rel: str, context) -> list[str]:
-    """Colab launch link, the .ipynb in the repository, the .ipynb download, solutions."""
-    problems = []
-    source = ROOT / Path(rel).with_suffix(".md")
-    if not source.exists():
-        return [f"no source {source.relative_to(ROOT)} in the repository for this chapter page"]
-
-    expected = book.colab_url(source)
-    colab_links = page.eval_on_selector_all(
-        "a[href*='colab.research.google.com']", "els => els.map(e => e.href)"
-    )
-    if expected not in colab_links:
-        problems.append(f"no Colab launch link to {expected} (found {colab_links or 'none'})")
-    ipynb = source.with_suffix(".ipynb")
-    if not ipynb.exists():
-        problems.append(f"{ipynb.relative_to(ROOT)} (what Colab opens) is missing: run `python3 dev.py sync`")
-
-    launch = page.locator(".dropdown-launch-buttons button.dropdown-toggle")
-    if launch.count() == 0:
-        problems.append("no launch (rocket) button")
-    elif expected in colab_links:
-        launch.first.click()
-        colab = page.locator(f".dropdown-launch-buttons a[href='{expected}']")
-        if colab.count() == 0 or not colab.first.is_visible():
-            problems.append("the launch menu opens without a visible Colab entry")
-        page.keyboard.press("Escape")
-
-    download = page.locator("a.btn-download-notebook-button")
-    if download.count() == 0:
-        problems.append("no .ipynb download entry in the download menu")
-    else:
-        href = download.first.evaluate("a => a.href")
-        if not href.endswith(".ipynb"):
-            problems.append(f"the notebook download points at {href}, not an .ipynb")
-        else:
-            response = context.request.get(href)
-            if response.status != 200:
-                problems.append(f"the .ipynb download {href} answers HTTP {response.status}")
-            else:
-                try:
-                    nb = json.loads(response.body())
-                except ValueError:
-                    nb = None
-                if not isinstance(nb, dict) or "cells" not in nb or "nbformat" not in nb:
-                    problems.append(f"the .ipynb download {href} is not a notebook")
-
-    expected_hidden = expected_hide_input_cells(source)
-    found_hidden = page.locator(".cell.tag_hide-input").count()
-    if found_hidden != expected_hidden:
-        problems.append(
-            f"{expected_hidden} hide-input cells in {source.name} but {found_hidden} collapsible ones on the page"
-        )
-    return problems
-
-
-def check_page(page, rel: str, url: str, context, screenshot_dir: Path, mathjax_dir: Path | None):
-    """Open one page, screenshot it and run every check on it; return (problems, screenshot)."""
-    page.goto(url, wait_until="load")
-    problems = check_images(page) + check_figures(page)
-    mathjax_src = page.evaluate(
-        "() => { const s = document.querySelector('script[src*=\"mathjax\" i]'); return s ? s.src : null; }"
-    )
-    problems += check_math(page, mathjax_src, mathjax_dir is not None)
-    problems += check_hidden_collapsed(page)
-    shot = screenshot_dir / (rel.replace("/", "__").removesuffix(".html") + ".png")
-    page.screenshot(path=str(shot), full_page=True)
-    if re.fullmatch(r"chapters/[^/]+\.html", rel):
-        problems += check_chapter(page, rel, context)
-    return problems, shot
-
-
-def is_local(url: str) -> bool:
-    return urlparse(url).hostname == LOCAL_HOST or url.startswith(("data:", "blob:", "about:"))
-
-
-def visit(browser, root: Path, base_url: str, rel: str, screenshot_dir: Path) -> tuple[list[str], Path | None]:
-    """Open ``rel`` (a page of ``root`` served at ``base_url``) and return (problems, screenshot).
-
-    Requests to hosts other than 127.0.0.1 are blocked (MathJax's CDN is answered from a
-    local copy when there is one); console errors, uncaught exceptions and failed local
-    requests are problems, as is everything the ``check_*`` functions report.
-    """
-    mathjax_dir = local_mathjax_dir()
-    errors: list[str] = []
-
-    def route(r):
-        url = r.request.url
-        if is_local(url):
-            return r.continue_()
-        m = MATHJAX_CDN.match(url)
-        if m and mathjax_dir is not None:
-            target = (mathjax_dir / m.group("path")).resolve()
-            if target.is_file() and target.is_relative_to(mathjax_dir):
-                return r.fulfill(path=str(target))
-        return r.abort("blockedbyclient")  # no network here: every other host is blocked
-
-    def on_console(msg):
-        if msg.type != "error":
-            return
-        where = (msg.location or {}).get("url", "")
-        if msg.text.startswith("Failed to load resource") and where and not is_local(where):
-            return  # a request to an external host, blocked above
-        errors.append(f"console error: {msg.text}" + (f" ({where}:{msg.location.get('lineNumber')})" if where else ""))
-
-    def on_response(response):
-        if is_local(response.url) and response.status >= 400:
-            errors.append(f"HTTP {response.status} for {response.url}")
-
-    def on_request_failed(request):
-        if is_local(request.url):
-            errors.append(f"request failed: {request.url} ({request.failure})")
-
-    redirect = REFRESH.search((root / rel).read_text(errors="replace"))
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    shot = None
-    try:
-        context.route("**/*", route)
-        page = context.new_page()
-        page.on("console", on_console)
-        page.on("pageerror", lambda exc: errors.append(f"uncaught exception: {exc}"))
-        page.on("response", on_response)
-        page.on("requestfailed", on_request_failed)
-        page.set_default_timeout(PAGE_TIMEOUT_MS)
-
-        if redirect:  # e.g. index.html: a meta refresh to the root page
-            target = urljoin(base_url + rel, redirect.group("url"))
-            if not is_local(target):
-                return [f"redirects to an external page {target}"], None
-            page.goto(base_url + rel, wait_until="load")
-            page.wait_for_url(target, wait_until="load")
-            problems: list[str] = []
-        else:
-            problems, shot = check_page(page, rel, base_url + rel, context, screenshot_dir, mathjax_dir)
-        page.wait_for_timeout(200)  # let late console messages arrive
-    finally:
-        context.close()
-    return errors + problems, shot
-
-
-# ---------------------------------------------------------------------------------------
-# the tests
-
-
-def test_html_build_exists(chromium_path):
-    root = require_html()
-    assert PAGES, f"no pages found under {root}"
-    chapters = [p for p in PAGES if re.fullmatch(r"chapters/[^/]+\.html", p)]
-    assert chapters, f"no chapter pages (chapters/*.html) under {root}"
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize(
-    "rel",
-    PAGES or [pytest.param("", marks=pytest.mark.skip(reason=f"no pages under {HTML_ROOT}: see test_html_build_exists"))],
-)
-def test_page(rel, browser, base_url, screenshot_dir):
-    problems, shot = visit(browser, HTML_ROOT, base_url, rel, screenshot_dir)
-    if problems:
-        pytest.fail(f"{rel} (screenshot {shot}):\n  - " + "\n  - ".join(problems), pytrace=False)
 
 
 # A 1x1 PNG, so that the synthetic page below has one image that loads.
@@ -525,8 +80,8 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
     """The checks are not vacuous: a page with every defect they look for fails each one."""
     (tmp_path / "pixel.png").write_bytes(_PIXEL_PNG)
     (tmp_path / "broken.html").write_text(_BROKEN_PAGE)
-    with serve(tmp_path) as url:
-        problems, shot = visit(browser, tmp_path, url, "broken.html", tmp_path)
+    with browser_checks.serve(tmp_path) as url:
+        problems, shot = browser_checks.visit(browser, tmp_path, url, "broken.html", tmp_path)
     report = "\n".join(problems)
     expected = [
         "uncaught exception: notDefined is not defined",
@@ -542,3 +97,48 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
     assert all(p.endswith("missing.png") for p in problems if p.startswith(("HTTP 404", "image did not load"))), report
     assert sum("pixel.png" in p for p in problems) == 1, f"only the image without alt text is a problem:\n{report}"
     assert shot is not None and shot.stat().st_size > 0
+
+
+_BARE_CHAPTER = """<!DOCTYPE html><html><head><title>bare</title></head><body><article>
+<p>A chapter page without launch buttons, download menu or collapsed cells.</p>
+</article></body></html>"""
+
+
+@pytest.mark.timeout(120)
+def test_the_chapter_checks_catch_a_bare_chapter_page(browser, tmp_path):
+    source = book.chapter_sources()[-1]
+    rel = source.relative_to(book.ROOT).with_suffix(".html").as_posix()
+    (tmp_path / rel).parent.mkdir(parents=True)
+    (tmp_path / rel).write_text(_BARE_CHAPTER)
+    with browser_checks.serve(tmp_path) as url:
+        problems, _ = browser_checks.visit(browser, tmp_path, url, rel, tmp_path)
+    report = "\n".join(problems)
+    assert f"no Colab launch link to {book.colab_url(source)}" in report
+    assert "no launch (rocket) button" in report and "no .ipynb download entry" in report
+    if browser_checks.expected_hide_input_cells(source):
+        assert "hide-input cells in" in report
+    if any(book.is_solution(c) for c in book.md_to_notebook(source)["cells"]):
+        assert f"no link to the student notebook {book.student_colab_url(source)}" in report
+
+
+def _fake_runs(monkeypatch, build_rc: int) -> list[list[str]]:
+    calls: list[list[str]] = []
+
+    def run(cmd, **kw):
+        calls.append([str(c) for c in cmd])
+        return subprocess.CompletedProcess(cmd, build_rc if "build" in map(str, cmd) else 0)
+
+    monkeypatch.setattr(dev.subprocess, "run", run)
+    return calls
+
+
+@pytest.mark.parametrize("build_rc", [0, 1])
+def test_book_command_runs_the_browser_checks_after_a_good_build(monkeypatch, tmp_path, build_rc):
+    calls = _fake_runs(monkeypatch, build_rc)
+    rc = dev.cmd_book(Path(sys.executable), force=False, build=tmp_path / "_build")
+    checks = [c for c in calls if c[1:3] == ["-m", "tools.browser"]]
+    assert rc == build_rc
+    if build_rc == 0:
+        assert checks == [[sys.executable, "-m", "tools.browser", str(tmp_path / "_build" / "html")]]
+    else:
+        assert checks == []  # a failed build is reported as such, not checked in a browser

@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("[accel] running the Laplacian benchmark ...", flush=True)
         bench = run_benchmark(env, ns.chapter_timeout, shlex.split(ns.benchmark_args))
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     report = {
         "date": now.date().isoformat(),
         "timestamp": now.strftime("%Y-%m-%d %H:%M"),

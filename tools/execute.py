@@ -13,7 +13,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.book import ROOT, build_dir, cached_execution, chapter_sources, expected_exception
+from tools.book import (
+    ROOT,
+    build_dir,
+    cached_execution,
+    chapter_sources,
+    expected_exception,
+)
 
 
 def test_cache() -> Path:

@@ -1,0 +1,148 @@
+"""Hosted CI (.github/workflows), .ci/run and dev.py's CI behaviour.
+
+The workflows cannot run here: they are parsed, and checked to call the README's
+commands in the same environments as .ci/run.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+import dev
+from tools import book
+
+WORKFLOWS = book.ROOT / ".github" / "workflows"
+CI_RUN = book.ROOT / ".ci" / "run"
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's "Set up, build, test" block."""
+    text = (book.ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def workflow(name: str) -> dict:
+    wf = yaml.safe_load((WORKFLOWS / name).read_text())
+    assert isinstance(wf, dict) and "jobs" in wf, f"{name} is not a workflow"
+    wf["on"] = wf.pop(True, wf.get("on"))  # YAML 1.1 reads the key `on` as True
+    return wf
+
+
+def run_lines(job: dict) -> list[str]:
+    return [line.strip() for step in job["steps"] for line in step.get("run", "").splitlines()]
+
+
+def test_readme_commands_are_the_two_commands():
+    assert readme_commands() == ["python3 dev.py book", "python3 dev.py test"]
+
+
+def test_ci_workflow_runs_the_readme_commands_in_both_environments():
+    wf = workflow("ci.yml")
+    assert "pull_request" in wf["on"]
+    (job,) = wf["jobs"].values()
+    envs = {(m["jax"], m["python"]) for m in job["strategy"]["matrix"]["include"]}
+    assert envs == {("newest", "3.12"), ("floor", "3.11")}  # as in .ci/run
+    assert job["env"]["BEYONDGRAD_JAX"] == "${{ matrix.jax }}" and job["env"]["CI"] == "true"
+    lines = run_lines(job)
+    for command in readme_commands():
+        assert command in lines, f"ci.yml does not run {command!r}"
+    assert "python3 dev.py lint" in lines
+
+
+def test_publish_workflow_builds_main_and_deploys_the_html():
+    wf = workflow("publish.yml")
+    assert wf["on"]["push"]["branches"] == ["main"]
+    build = wf["jobs"]["build"]
+    assert "python3 dev.py book" in run_lines(build)
+    upload = [s for s in build["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact@")]
+    assert upload and upload[0]["with"]["path"] == "_build/html"
+    deploy = wf["jobs"]["deploy"]
+    assert deploy["needs"] == "build"
+    assert any(s.get("uses", "").startswith("actions/deploy-pages@") for s in deploy["steps"])
+    assert wf["permissions"]["pages"] == "write" and wf["permissions"]["id-token"] == "write"
+
+
+def test_ci_script_runs_lint_and_both_environments():
+    text = CI_RUN.read_text()
+    subprocess.run(["bash", "-n", str(CI_RUN)], check=True)
+    steps = re.findall(r'^step "[^"]+" run_env "\$(py31\d)" (\S+) (\w+) (\w+)$', text, re.M)
+    assert ("py312", ".venv-py312", "newest", "lint") in steps
+    for env in (("py312", ".venv-py312", "newest"), ("py311", ".venv-floor", "floor")):
+        for command in ("book", "test"):
+            assert (*env, command) in steps, f".ci/run lacks {env[2]} {command}"
+    assert "export CI=true" in text
+
+
+def test_environments_build_into_separate_folders():
+    assert dev.build_dir("newest") == book.ROOT / "_build"
+    assert dev.build_dir("floor") == book.ROOT / "_build-floor" / "_build"
+    assert dev.build_dir("0.9.0") != dev.build_dir("floor")
+
+
+def test_build_folder_reaches_the_tools(monkeypatch):
+    env = dev.run_env(dev.build_dir("floor"))
+    monkeypatch.setenv(book.BUILD_DIR_VARIABLE, env[book.BUILD_DIR_VARIABLE])
+    assert book.build_dir() == book.ROOT / "_build-floor" / "_build"
+    from tools import execute
+
+    assert execute.test_cache().is_relative_to(book.ROOT / "_build-floor")
+    monkeypatch.delenv(book.BUILD_DIR_VARIABLE)
+    assert book.build_dir() == book.ROOT / "_build"
+
+
+def _calls(monkeypatch) -> list[list[str]]:
+    calls: list[list[str]] = []
+
+    def run(cmd, **kw):
+        calls.append([str(c) for c in cmd])
+        return subprocess.CompletedProcess(cmd, 0, stdout="jax 9, jaxlib 9, folx 1, numpy 3, Python 3.12\n")
+
+    monkeypatch.setattr(dev.subprocess, "run", run)
+    monkeypatch.setattr(dev, "ensure_env", lambda env, spec: Path("/venv/bin/python"))
+    return calls
+
+
+@pytest.mark.parametrize(
+    "ci, jax, upgraded",
+    [("true", "newest", True), ("", "newest", False), ("true", "floor", False)],
+    ids=["ci-newest", "local-newest", "ci-floor"],
+)
+def test_newest_is_upgraded_on_ci(monkeypatch, ci, jax, upgraded):
+    monkeypatch.setenv("CI", ci)
+    calls = _calls(monkeypatch)
+    assert dev.main(["--jax", jax, "setup"]) == 0
+    pip_upgrades = [c for c in calls if c[1:4] == ["-m", "pip", "install"] and "-U" in c]
+    if upgraded:
+        assert pip_upgrades and set(dev.UPGRADED) <= set(pip_upgrades[0])
+    else:
+        assert pip_upgrades == []
+
+
+def test_every_command_prints_the_resolved_versions(monkeypatch, capsys):
+    monkeypatch.delenv("CI", raising=False)
+    _calls(monkeypatch)
+    dev.main(["--jax", "newest", "setup"])
+    assert "[dev] newest environment" in capsys.readouterr().out
+
+
+def test_resolved_versions_of_this_environment():
+    import sys
+
+    import jax
+
+    text = dev.resolved_versions(Path(sys.executable))
+    assert text.startswith(f"jax {jax.__version__}, jaxlib ") and ", folx " in text and ", numpy " in text
+
+
+def test_lint_covers_the_code(monkeypatch):
+    calls = _calls(monkeypatch)
+    assert dev.cmd_lint(Path("/venv/bin/python")) == 0
+    check, fmt = calls
+    assert check[1:4] == ["-m", "ruff", "check"] and fmt[1:5] == ["-m", "ruff", "format", "--check"]
+    assert {"src", "tests", "tools", "benchmarks", "dev.py"} <= set(check) & set(fmt)
