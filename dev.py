@@ -134,10 +134,16 @@ def cmd_book(py: Path, force: bool, build: Path) -> int:
         for sub in ("html", ".jupyter_cache", "jupyter_execute", ".doctrees"):
             shutil.rmtree(build / sub, ignore_errors=True)
     t0 = time.perf_counter()
+    # The student notebooks (tests/test_notebooks.py runs each top to bottom) execute
+    # beside the build, on the core the build leaves idle, into the build folder's cache.
+    student_cmd = [str(py), "-m", "tools.execute", "--student"]
+    students = subprocess.Popen(student_cmd, cwd=ROOT, env=run_env(build))
     book_cmd = [str(py.parent / "jupyter-book"), "build", str(ROOT), "--path-output", str(build.parent)]
     rc = subprocess.run([*book_cmd, "-W", "-n", "--keep-going"], env=run_env(build)).returncode
     html = build / "html"
     print(f"[dev] book build exited {rc} after {time.perf_counter() - t0:.0f} s; open {html}/index.html")
+    students.wait()
+    print(f"[dev] student notebooks executed beside it; all done after {time.perf_counter() - t0:.0f} s")
     if rc != 0:
         return rc
     t0 = time.perf_counter()

@@ -160,6 +160,8 @@ def cached_execution(source: Path):
 SOLUTION_TAG = "solution"
 SOLUTION_LINE = re.compile(r"#\s*Solution to exercise\s+(\d+\.\d+)\s*")
 STUDENT_DIR = ROOT / "notebooks" / "student"
+#: Markdown cells that only announce the solution cell after them (dropped with it).
+SOLUTION_HEADINGS = ("**Solution**", "**Solution:**", "Solution", "Solution:")
 
 
 def solution_exercise(cell_source: str) -> str:
@@ -256,11 +258,17 @@ def student_notebook(source: Path) -> dict:
     import nbformat
 
     nb = _read_chapter(source)
-    for i, cell in enumerate(nb.cells):
-        if is_solution(cell):
-            pointer = nbformat.v4.new_markdown_cell(solution_pointer(source, solution_exercise(cell.source)))
-            pointer["id"] = cell["id"]
-            nb.cells[i] = pointer
+    cells = []
+    for cell in nb.cells:
+        if not is_solution(cell):
+            cells.append(cell)
+            continue
+        if cells and cells[-1].cell_type == "markdown" and cells[-1].source.strip() in SOLUTION_HEADINGS:
+            cells.pop()  # the "**Solution**" line announcing the cell: the pointer says it
+        pointer = nbformat.v4.new_markdown_cell(solution_pointer(source, solution_exercise(cell.source)))
+        pointer["id"] = cell["id"]
+        cells.append(pointer)
+    nb.cells = cells
     # jupytext's pairing would write a student notebook back over the chapter's source
     nb.metadata.pop("jupytext", None)
     return _as_json(nb)

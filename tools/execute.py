@@ -19,6 +19,7 @@ from tools.book import (
     cached_execution,
     chapter_sources,
     expected_exception,
+    student_path,
 )
 
 
@@ -65,6 +66,31 @@ def executed_notebook(source: Path):
     return nb
 
 
+def executed_student_notebook(source: Path, timeout: int = 600):
+    """The chapter's student notebook run top to bottom in a fresh kernel, as a class would.
+
+    Kept in the build folder until the notebook or the package changes. A cell that
+    raises without the ``raises-exception`` tag stops the run (nbclient's
+    ``CellExecutionError``, which names the cell and carries the traceback).
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    student = student_path(Path(source))
+    newest = max(_newest_input_mtime(Path(source)), student.stat().st_mtime)
+    candidate = test_cache() / f"student-{student.name}"
+    if candidate.exists() and candidate.stat().st_mtime >= newest:
+        return nbformat.read(candidate, as_version=4)
+    nb = nbformat.read(student, as_version=4)
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(student.parent)}}
+    )
+    client.execute()
+    candidate.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, candidate)
+    return nb
+
+
 @dataclass(frozen=True)
 class ErrorCell:
     index: int
@@ -95,8 +121,38 @@ def error_cells(nb) -> list[ErrorCell]:
     return found
 
 
+def has_solutions(source: Path) -> bool:
+    import nbformat
+
+    nb = nbformat.read(student_path(source), as_version=4) if student_path(source).exists() else None
+    return nb is not None and any("#exercises)" in c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+def run_student_notebooks(sources: list[Path]) -> int:
+    """Execute (or find fresh in the cache) the student notebook of each chapter with exercises."""
+    worst = 0
+    for source in sources:
+        if not has_solutions(source):
+            continue
+        t0 = time.perf_counter()
+        try:
+            executed_student_notebook(source)
+        except Exception as e:  # the test (tests/test_notebooks.py) reports it in full
+            print(f"[student] FAIL {student_path(source).name}: {type(e).__name__}: {str(e)[-500:]}", flush=True)
+            worst = 1
+            continue
+        print(f"[student] ok {student_path(source).name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return worst
+
+
 def main(paths: list[str]) -> int:
-    """Execute the given chapters (default: all) and print time and error-cell checks."""
+    """Execute the given chapters (default: all) and print time and error-cell checks.
+
+    With ``--student`` first, execute the chapters' student notebooks instead (kept in
+    the build folder, where tests/test_notebooks.py finds them).
+    """
+    if paths[:1] == ["--student"]:
+        return run_student_notebooks([Path(p).resolve() for p in paths[1:]] or chapter_sources())
     sources = [Path(p).resolve() for p in paths] or chapter_sources()
     worst = 0
     for source in sources:
