@@ -3,6 +3,7 @@
 import importlib.metadata
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,105 @@ def test_config_is_the_single_source_of_the_repository():
     assert url in book.package_spec() and branch in book.package_spec()
     cfg = book.config()
     assert cfg["launch_buttons"]["colab_url"] == book.COLAB
+
+
+@pytest.mark.parametrize(
+    "cell, expected",
+    [
+        ("# raises ValueError\nf(1)", "ValueError"),
+        ("\n# raises jax.errors.TracerBoolConversionError\njax.jit(f)(1.0)", "TracerBoolConversionError"),
+        ("#raises KeyError", "KeyError"),
+        ("# raises TypeError  (the shapes differ)\nf()", "TypeError"),
+        ("f(1)\n# raises ValueError", None),  # not the first line
+        ("# raise ValueError\nf(1)", None),
+        ("# raises\nf(1)", None),
+        ("# raises 3Error", None),
+        ("", None),
+    ],
+)
+def test_raises_convention_has_one_parser(cell, expected):
+    assert book.expected_exception(cell) == expected
+
+
+def test_raises_parser_is_the_one_the_tools_use():
+    import tools.accelerator_run
+    import tools.execute
+
+    for module in (tools.execute, tools.accelerator_run):
+        assert not hasattr(module, "RAISES"), f"{module.__name__} parses '# raises' itself"
+    assert tools.execute.expected_exception is book.expected_exception
+
+
+def test_sync_rewrites_only_the_install_cell(tmp_path):
+    old_cell = "# On Colab: an old install cell\nimport sys\nif 'google.colab' in sys.modules:\n    pass"
+    md = tmp_path / "99_x.md"
+    head = "---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n---\n\n"
+    rest = "\n\nText.\n\n```{code-cell} ipython3\nx = 1\n```\n"
+    md.write_text(head + "# x\n\n```{code-cell} ipython3\n:tags: [hide-cell]\n\n" + old_cell + "\n```" + rest)
+    assert book.sync_install_cell(md) is True
+    text = md.read_text()
+    assert book.colab_install_cell() in text and old_cell not in text and text.endswith(rest)
+    assert book.sync_install_cell(md) is False  # already in sync
+
+
+def test_install_cell_fits_the_page():
+    assert max(len(line) for line in book.colab_install_cell().splitlines()) <= 88
+
+
+# --------------------------------------------------------------------------- glossary
+
+GLOSSARY = book.ROOT / "glossary.md"
+REQUIRED_TERMS = [
+    "tracer", "aval", "concrete value", "linearize", "transpose", "primal", "tangent",
+    "cotangent", "residual", "JVP", "VJP", "pytree", "static argument", "weak type",
+    "float0", "LinearizeTracer", "psum", "pcast", "check_vma", "Explicit mesh axis",
+    "Auto mesh axis",
+]  # fmt: skip
+PRINTED_TYPE = re.compile(r"`(~?[a-z]+[0-9]+\[[^`\]]*\](?:\{[^`}]*\})?)`")
+
+
+def glossary_terms() -> list[str]:
+    block = GLOSSARY.read_text().split("```{glossary}", 1)[1].split("```", 1)[0]
+    return [line.strip() for line in block.splitlines() if line.strip() and not line[0].isspace()]
+
+
+def test_glossary_has_the_books_terms():
+    terms = glossary_terms()
+    assert not [t for t in REQUIRED_TERMS if t not in terms]
+    assert len(terms) == len(set(terms))
+
+
+def _printed_types() -> dict[str, str]:
+    """What the running JAX prints for the glossary's examples (mesh axis `data`)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    seen = {}
+
+    def block(x):
+        seen["varying"] = str(jax.typeof(x))
+        seen["psum"] = str(jax.typeof(jax.lax.psum(x, "data")))
+        return x
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
+    jax.shard_map(block, mesh=mesh, in_specs=PartitionSpec("data"), out_specs=PartitionSpec("data"))(
+        jnp.arange(16.0)
+    )
+    seen["vector"] = str(jax.typeof(jnp.arange(4.0)))
+    seen["weak"] = str(jax.typeof(jnp.asarray(1.0)))
+    for kind in ("Explicit", "Auto"):
+        m = jax.make_mesh((4,), ("data",), axis_types=(getattr(AxisType, kind),), devices=jax.devices()[:4])
+        x = jax.device_put(jnp.arange(16.0), NamedSharding(m, PartitionSpec("data")))
+        seen[kind] = str(jax.typeof(x))
+    return seen
+
+
+def test_glossary_types_are_the_ones_jax_prints():
+    printed = _printed_types()
+    text = GLOSSARY.read_text()
+    assert printed["varying"] == "float32[4]{V:data}"  # the book's notation, pinned
+    in_glossary = set(PRINTED_TYPE.findall(text))
+    assert {printed["varying"], printed["psum"], printed["weak"], printed["Explicit"]} <= in_glossary
+    assert in_glossary <= set(printed.values()), in_glossary - set(printed.values())

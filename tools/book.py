@@ -79,17 +79,46 @@ def package_spec() -> str:
 
 
 def colab_install_cell() -> str:
-    """The first code cell of every chapter (generated; a test keeps chapters in sync)."""
-    return f'''# On Colab: install the book's helper package. Colab's own JAX stays as it is: every
-# installed jax* package is pinned with a pip constraint. Elsewhere this cell does nothing.
+    """The first code cell of every chapter (generated; a test keeps chapters in sync).
+
+    ``python3 dev.py sync`` writes it into each chapter's source (:func:`sync_install_cell`).
+    Every line fits 88 columns, like every other code line of the book.
+    """
+    url, branch = repository()
+    return f'''# On Colab: install the book's helper package. Colab's own JAX stays as it is:
+# every installed jax* package is pinned with a pip constraint. Elsewhere this cell
+# does nothing.
 import importlib.metadata, importlib.util, subprocess, sys
 if "google.colab" in sys.modules and importlib.util.find_spec("beyondgrad") is None:
-    keep = sorted({{f"{{d.metadata['Name']}}=={{d.version}}" for d in importlib.metadata.distributions()
-                   if d.metadata["Name"].lower().startswith(("jax", "libtpu"))}})
+    keep = sorted({{
+        f"{{d.metadata['Name']}}=={{d.version}}"
+        for d in importlib.metadata.distributions()
+        if d.metadata["Name"].lower().startswith(("jax", "libtpu"))
+    }})
     with open("/tmp/keep-colab-jax.txt", "w") as f:
         f.write("\\n".join(keep) + "\\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--constraint", "/tmp/keep-colab-jax.txt",
-                    "{package_spec()}"], check=True)'''
+    repo = "git+{url}@{branch}"
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    pip += ["--constraint", "/tmp/keep-colab-jax.txt"]
+    subprocess.run([*pip, f"beyondgrad[chapters] @ {{repo}}"], check=True)'''
+
+
+def sync_install_cell(source: Path) -> bool:
+    """Make the chapter's first code cell the generated install cell; True if changed.
+
+    Only that cell's text is replaced in the MyST source; the rest is left as written.
+    """
+    import jupytext
+
+    code = [c for c in jupytext.read(source).cells if c.cell_type == "code"]
+    want = colab_install_cell()
+    if not code or code[0].source == want or "google.colab" not in code[0].source:
+        return False  # no install cell to update (tests/test_book.py says what is missing)
+    text = source.read_text()
+    if code[0].source not in text:
+        return False
+    source.write_text(text.replace(code[0].source, want, 1))
+    return True
 
 
 def _github_org_repo() -> tuple[str, str]:
@@ -305,9 +334,11 @@ def pair_problems(source: Path) -> list[str]:
 
 
 def sync() -> list[Path]:
-    """Rewrite every chapter's two notebooks from its MyST source; return the files changed."""
+    """Rewrite every chapter's install cell and its two notebooks; return the files changed."""
     changed = []
     for source in chapter_sources():
+        if sync_install_cell(source):
+            changed.append(source)
         for path, nb in notebook_sets(source).items():
             text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
             if not path.exists() or path.read_text() != text:
