@@ -42,7 +42,7 @@ from tools.book import jax_floor  # noqa: E402  (stdlib only)
 #: command reports as the resolved versions.
 UPGRADED = ("jax", "jaxlib", "folx", "numpy")
 #: What `dev.py lint` checks with ruff (configured in pyproject.toml, 88 columns).
-LINTED = ("src", "tests", "tools", "benchmarks", "dev.py")
+LINTED = ("src", "tests", "tools", "benchmarks", "_ext", "dev.py")
 
 
 def on_ci() -> bool:
@@ -51,7 +51,11 @@ def on_ci() -> bool:
 
 def build_dir(jax_spec: str) -> Path:
     """The build folder of an environment: ``_build`` (newest), ``_build-<spec>/_build`` (others)."""
-    return ROOT / "_build" if jax_spec == "newest" else ROOT / f"_build-{jax_spec}" / "_build"
+    return (
+        ROOT / "_build"
+        if jax_spec == "newest"
+        else ROOT / f"_build-{jax_spec}" / "_build"
+    )
 
 
 def jax_requirements(spec: str) -> list[str]:
@@ -69,7 +73,13 @@ def ensure_env(env: Path, jax_spec: str) -> Path:
     """Create/refresh the virtual environment; skip when nothing it depends on changed."""
     reqs = jax_requirements(jax_spec)
     # The venv keeps the Python it was created with; the stamp covers what is installed into it.
-    stamp_text = "\n".join([*reqs, (ROOT / "requirements.txt").read_text(), (ROOT / "pyproject.toml").read_text()])
+    stamp_text = "\n".join(
+        [
+            *reqs,
+            (ROOT / "requirements.txt").read_text(),
+            (ROOT / "pyproject.toml").read_text(),
+        ]
+    )
     stamp = hashlib.sha256(stamp_text.encode()).hexdigest()
     stamp_file = env / ".beyondgrad-stamp"
     py = venv_python(env)
@@ -91,8 +101,19 @@ def ensure_env(env: Path, jax_spec: str) -> Path:
 def upgrade_newest(py: Path) -> None:
     """Upgrade jax, jaxlib, folx and numpy to their newest releases (pip's resolver decides)."""
     t0 = time.perf_counter()
-    print(f"[dev] upgrading {', '.join(UPGRADED)} to the newest releases ...", flush=True)
-    cmd = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-U", *UPGRADED]
+    print(
+        f"[dev] upgrading {', '.join(UPGRADED)} to the newest releases ...", flush=True
+    )
+    cmd = [
+        str(py),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "-U",
+        *UPGRADED,
+    ]
     subprocess.run(cmd, check=True)
     print(f"[dev] upgraded in {time.perf_counter() - t0:.0f} s", flush=True)
 
@@ -112,12 +133,16 @@ _VERSIONS = (
 def resolved_versions(py: Path) -> str:
     """``jax X, jaxlib Y, folx Z, numpy W, Python V`` as installed in the environment."""
     code = _VERSIONS.format(names=UPGRADED)
-    return subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [str(py), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def run_env(build: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    if build is not None:  # tools.book.build_dir(): caches of executed notebooks live here
+    if (
+        build is not None
+    ):  # tools.book.build_dir(): caches of executed notebooks live here
         env["BEYONDGRAD_BUILD_DIR"] = str(build)
     # Several notebooks may share one GPU during a build: allocate on demand.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -138,16 +163,30 @@ def cmd_book(py: Path, force: bool, build: Path) -> int:
     # beside the build, on the core the build leaves idle, into the build folder's cache.
     student_cmd = [str(py), "-m", "tools.execute", "--student"]
     students = subprocess.Popen(student_cmd, cwd=ROOT, env=run_env(build))
-    book_cmd = [str(py.parent / "jupyter-book"), "build", str(ROOT), "--path-output", str(build.parent)]
-    rc = subprocess.run([*book_cmd, "-W", "-n", "--keep-going"], env=run_env(build)).returncode
+    book_cmd = [
+        str(py.parent / "jupyter-book"),
+        "build",
+        str(ROOT),
+        "--path-output",
+        str(build.parent),
+    ]
+    rc = subprocess.run(
+        [*book_cmd, "-W", "-n", "--keep-going"], env=run_env(build)
+    ).returncode
     html = build / "html"
-    print(f"[dev] book build exited {rc} after {time.perf_counter() - t0:.0f} s; open {html}/index.html")
+    print(
+        f"[dev] book build exited {rc} after {time.perf_counter() - t0:.0f} s; open {html}/index.html"
+    )
     students.wait()
-    print(f"[dev] student notebooks executed beside it; all done after {time.perf_counter() - t0:.0f} s")
+    print(
+        f"[dev] student notebooks executed beside it; all done after {time.perf_counter() - t0:.0f} s"
+    )
     if rc != 0:
         return rc
     t0 = time.perf_counter()
-    rc = subprocess.run([str(py), "-m", "tools.browser", str(html)], cwd=ROOT, env=run_env(build)).returncode
+    rc = subprocess.run(
+        [str(py), "-m", "tools.browser", str(html)], cwd=ROOT, env=run_env(build)
+    ).returncode
     print(f"[dev] browser checks exited {rc} after {time.perf_counter() - t0:.0f} s")
     return rc
 
@@ -162,11 +201,25 @@ def cmd_page(py: Path, paths: list[str], build: Path) -> int:
     toc = out / "_toc.yml"
     # The first page is the root, so the intro (which links every chapter) stays out;
     # links from these pages to chapters outside the selection still warn.
-    rest = [p for p in dict.fromkeys([*stems[1:], "glossary", "status"]) if p != stems[0]]
+    rest = [
+        p for p in dict.fromkeys([*stems[1:], "glossary", "status"]) if p != stems[0]
+    ]
     entries = "\n".join(f"      - file: {s}" for s in rest)
-    toc.write_text(f"format: jb-book\nroot: {stems[0]}\nparts:\n  - caption: Pages\n    chapters:\n{entries}\n")
-    cmd = [str(py.parent / "jupyter-book"), "build", str(ROOT), "--toc", str(toc), "--path-output", str(out)]
-    rc = subprocess.run([*cmd, "-W", "-n", "--keep-going"], env=run_env(out / "_build")).returncode
+    toc.write_text(
+        f"format: jb-book\nroot: {stems[0]}\nparts:\n  - caption: Pages\n    chapters:\n{entries}\n"
+    )
+    cmd = [
+        str(py.parent / "jupyter-book"),
+        "build",
+        str(ROOT),
+        "--toc",
+        str(toc),
+        "--path-output",
+        str(out),
+    ]
+    rc = subprocess.run(
+        [*cmd, "-W", "-n", "--keep-going"], env=run_env(out / "_build")
+    ).returncode
     print(f"[dev] page build exited {rc}; open {out}/_build/html/index.html")
     return rc
 
@@ -178,12 +231,16 @@ def cmd_lint(py: Path) -> int:
     rc = subprocess.run([*ruff, "check", *paths], cwd=ROOT).returncode
     fmt = subprocess.run([*ruff, "format", "--check", *paths], cwd=ROOT).returncode
     if fmt:
-        print(f"[dev] ruff format would reformat files: run `{py} -m ruff format {' '.join(paths)}`")
+        print(
+            f"[dev] ruff format would reformat files: run `{py} -m ruff format {' '.join(paths)}`"
+        )
     return rc or fmt
 
 
 def cmd_test(py: Path, pytest_args: list[str], build: Path) -> int:
-    rc = subprocess.run([str(py), "-m", "pytest", *pytest_args], cwd=ROOT, env=run_env(build)).returncode
+    rc = subprocess.run(
+        [str(py), "-m", "pytest", *pytest_args], cwd=ROOT, env=run_env(build)
+    ).returncode
     if rc == 5:  # pytest: no tests collected (e.g. a -k filter matched nothing)
         print("[dev] pytest collected no tests")
     return rc
@@ -191,20 +248,42 @@ def cmd_test(py: Path, pytest_args: list[str], build: Path) -> int:
 
 def cmd_chapter(py: Path, paths: list[str], build: Path) -> int:
     code = "import sys; from tools.execute import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([str(py), "-c", code, *paths], cwd=ROOT, env=run_env(build)).returncode
+    return subprocess.run(
+        [str(py), "-c", code, *paths], cwd=ROOT, env=run_env(build)
+    ).returncode
 
 
 COMMANDS = ["book", "test", "sync", "lint", "chapter", "page", "setup"]
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--venv", default=os.environ.get("BEYONDGRAD_VENV", str(ROOT / ".venv")), help="virtual environment")
-    ap.add_argument("--jax", default=os.environ.get("BEYONDGRAD_JAX", "newest"), help="newest (default), floor, or X.Y.Z")
-    ap.add_argument("--force", action="store_true", help="book: re-execute every notebook")
-    ap.add_argument("--upgrade", action="store_true", help="newest: upgrade jax, jaxlib, folx, numpy (on CI always)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--venv",
+        default=os.environ.get("BEYONDGRAD_VENV", str(ROOT / ".venv")),
+        help="virtual environment",
+    )
+    ap.add_argument(
+        "--jax",
+        default=os.environ.get("BEYONDGRAD_JAX", "newest"),
+        help="newest (default), floor, or X.Y.Z",
+    )
+    ap.add_argument(
+        "--force", action="store_true", help="book: re-execute every notebook"
+    )
+    ap.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="newest: upgrade jax, jaxlib, folx, numpy (on CI always)",
+    )
     ap.add_argument("command", choices=COMMANDS)
-    ap.add_argument("args", nargs=argparse.REMAINDER, help="pytest arguments (test) or chapter files (chapter)")
+    ap.add_argument(
+        "args",
+        nargs=argparse.REMAINDER,
+        help="pytest arguments (test) or chapter files (chapter)",
+    )
     ns = ap.parse_args(argv)
     py = ensure_env(Path(ns.venv).resolve(), ns.jax)
     if ns.jax == "newest" and (ns.upgrade or on_ci()):
@@ -216,7 +295,9 @@ def main(argv: list[str]) -> int:
     if ns.command == "test":
         return cmd_test(py, ns.args, build)
     if ns.command == "sync":
-        return subprocess.run([str(py), "-m", "tools.book"], cwd=ROOT, env=run_env(build)).returncode
+        return subprocess.run(
+            [str(py), "-m", "tools.book"], cwd=ROOT, env=run_env(build)
+        ).returncode
     if ns.command == "lint":
         return cmd_lint(py)
     if ns.command == "chapter":

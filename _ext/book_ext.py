@@ -26,9 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tools.book import (  # noqa: E402
     cached_execution,
-    is_solution,
     jax_floor,
-    md_to_notebook,
+    solution_exercises,
     student_colab_url,
     student_path,
 )
@@ -100,14 +99,27 @@ def fill_status(app: Sphinx, doctree: nodes.document, docname: str) -> None:
     from myst_nb.sphinx_ import NbMetadataCollector
 
     env = app.env
-    header = ["page", "executed", "run time (s)", "result", "platform / devices", "JAX", "jaxlib", "Python"]
+    header = [
+        "page",
+        "executed",
+        "run time (s)",
+        "result",
+        "platform / devices",
+        "JAX",
+        "jaxlib",
+        "Python",
+    ]
     rows = []
     for doc in sorted(env.found_docs):
         data = NbMetadataCollector.get_exec_data(env, doc)
         if not data:
             continue
         rec = _runtime_record(Path(env.doc2path(doc))) or {}
-        devices = f"{rec['platform']}: {rec['device_count']} x {rec['device_kind']}" if rec else "(no describe() output)"
+        devices = (
+            f"{rec['platform']}: {rec['device_count']} x {rec['device_kind']}"
+            if rec
+            else "(no describe() output)"
+        )
         rows.append(
             [
                 doc,
@@ -122,7 +134,11 @@ def fill_status(app: Sphinx, doctree: nodes.document, docname: str) -> None:
         )
     built_with = nodes.paragraph(text="Built with " + build_versions() + ".")
     for node in doctree.findall(status_placeholder):
-        table = _table(rows, header) if rows else nodes.paragraph(text="No page was executed.")
+        table = (
+            _table(rows, header)
+            if rows
+            else nodes.paragraph(text="No page was executed.")
+        )
         node.replace_self([built_with.deepcopy(), table])
 
 
@@ -147,7 +163,9 @@ def student_notebook_box(url: str) -> nodes.admonition:
     box += nodes.title(text="Exercises without the solutions")
     para = nodes.paragraph()
     para += nodes.Text("Working through these in a class or on your own? Open the ")
-    para += nodes.reference("", "student notebook on Colab", refuri=url, classes=["student-notebook-link"])
+    para += nodes.reference(
+        "", "student notebook on Colab", refuri=url, classes=["student-notebook-link"]
+    )
     para += nodes.Text(
         ": the same chapter, with each solution replaced by a link back to this page. "
         "The launch button at the top opens the self-study notebook, solutions included "
@@ -167,18 +185,24 @@ def add_student_notebook_link(app: Sphinx, doctree: nodes.document) -> None:
     source = Path(app.env.doc2path(app.env.docname))
     if source.suffix != ".md" or not source.with_suffix(".ipynb").exists():
         return
-    if not any(is_solution(c) for c in md_to_notebook(source)["cells"]):
+    if not solution_exercises(source):
         return
     from sphinx.util import logging
 
     logger = logging.getLogger(__name__)
     if not student_path(source).exists():
-        logger.warning(f"{student_path(source).name} is missing: run `python3 dev.py sync`", location=app.env.docname)
+        logger.warning(
+            f"{student_path(source).name} is missing: run `python3 dev.py sync`",
+            location=app.env.docname,
+        )
         return
     for section in doctree.findall(nodes.section):
         title = section.next_node(nodes.title)
         if title is not None and title.astext().strip() == EXERCISES_TITLE:
-            section.insert(section.index(title) + 1, student_notebook_box(student_colab_url(source)))
+            section.insert(
+                section.index(title) + 1,
+                student_notebook_box(student_colab_url(source)),
+            )
             return
     logger.warning(
         f"{source.name} has solution cells but no '## {EXERCISES_TITLE}' section for the student-notebook link",
@@ -190,7 +214,9 @@ def always_rewrite_status(app, env, added, changed, removed):
     return [STATUS_DOC] if STATUS_DOC in env.found_docs else []
 
 
-def drop_launch_without_notebook(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+def drop_launch_without_notebook(
+    app: Sphinx, pagename: str, templatename: str, context: dict, doctree
+) -> None:
     """Remove the launch (Colab) buttons from executed pages that have no .ipynb twin.
 
     The theme would point Colab at the page's .md source, which Colab cannot open. Only
@@ -203,7 +229,9 @@ def drop_launch_without_notebook(app: Sphinx, pagename: str, templatename: str, 
     buttons[:] = [b for b in buttons if b.get("label") != "launch-buttons"]
 
 
-def dedupe_inline_scripts(app: Sphinx, pagename, templatename, context, doctree) -> None:
+def dedupe_inline_scripts(
+    app: Sphinx, pagename, templatename, context, doctree
+) -> None:
     """Drop repeated inline scripts from a page.
 
     Sphinx 7.4 adds an inline script registered after ``Builder.init()`` (sphinx-thebe's
@@ -233,7 +261,9 @@ def setup(app: Sphinx) -> dict:
     app.connect("config-inited", add_substitutions)
     app.connect("doctree-resolved", fill_status)
     app.connect("doctree-read", add_student_notebook_link)
-    app.connect("html-page-context", drop_launch_without_notebook, priority=502)  # after the theme
+    app.connect(
+        "html-page-context", drop_launch_without_notebook, priority=502
+    )  # after the theme
     app.connect("env-get-outdated", always_rewrite_status)
     app.connect("html-page-context", dedupe_inline_scripts, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -13,8 +13,18 @@ from tools import accelerator_run as ar
 
 def test_wheel_distribution_names():
     assert ar.wheel_distribution(Path("folx-0.2.30-py3-none-any.whl")) == "folx"
-    assert ar.wheel_distribution(Path("PyYAML-6.0.2-cp312-cp312-manylinux_2_17_x86_64.whl")) == "pyyaml"
-    assert ar.wheel_distribution(Path("jax_cuda12_plugin-0.8.2-cp311-cp311-manylinux_2_27_x86_64.whl")) == "jax-cuda12-plugin"
+    assert (
+        ar.wheel_distribution(
+            Path("PyYAML-6.0.2-cp312-cp312-manylinux_2_17_x86_64.whl")
+        )
+        == "pyyaml"
+    )
+    assert (
+        ar.wheel_distribution(
+            Path("jax_cuda12_plugin-0.8.2-cp311-cp311-manylinux_2_27_x86_64.whl")
+        )
+        == "jax-cuda12-plugin"
+    )
     with pytest.raises(ValueError, match="not a wheel"):
         ar.wheel_distribution(Path("folx-0.2.30.tar.gz"))
 
@@ -37,7 +47,9 @@ def test_install_wheels_never_takes_jax_or_installed_packages(tmp_path, monkeypa
     monkeypatch.setattr(ar.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
     got = ar.install_wheels(wheels, tmp_path / "site")
     assert got["installed"] == ["surely_not_installed_pkg-1.0-py3-none-any.whl"]
-    assert sorted(got["skipped"]) == sorted(n for n in names if not n.startswith("surely"))
+    assert sorted(got["skipped"]) == sorted(
+        n for n in names if not n.startswith("surely")
+    )
     (cmd,) = calls
     assert {"--no-index", "--no-deps", "--target"} <= set(cmd)
     assert cmd[-1].endswith("surely_not_installed_pkg-1.0-py3-none-any.whl")
@@ -80,7 +92,9 @@ def test_chapter_run_checks_error_cells_with_the_books_parser(tmp_path, kernel_e
         ("ZeroDivisionError", "ZeroDivisionError"),
         ("KeyError", "IndexError"),
     ]
-    assert res.failure == "" and res.ok is False  # every cell ran; one raised the wrong class
+    assert (
+        res.failure == "" and res.ok is False
+    )  # every cell ran; one raised the wrong class
     assert res.platform in ("cpu", "gpu", "tpu")
     assert (tmp_path / "out" / "99_demo.ipynb").exists()
 
@@ -88,8 +102,11 @@ def test_chapter_run_checks_error_cells_with_the_books_parser(tmp_path, kernel_e
 @pytest.mark.timeout(300)
 def test_chapter_run_stops_at_an_untagged_error(tmp_path, kernel_env):
     md = tmp_path / "98_bad.md"
-    md.write_text(_DEMO.split("# demo")[0] + "```{code-cell} ipython3\nraise ValueError('boom')\n```\n\n"
-                  "```{code-cell} ipython3\nx = 1\n```\n")
+    md.write_text(
+        _DEMO.split("# demo")[0]
+        + "```{code-cell} ipython3\nraise ValueError('boom')\n```\n\n"
+        "```{code-cell} ipython3\nx = 1\n```\n"
+    )
     res = ar.run_chapter_nbclient(md, 300, tmp_path / "out")
     assert not res.ok and "CellExecutionError" in res.failure and "boom" in res.failure
 
@@ -99,7 +116,9 @@ def _fake_pytest(monkeypatch, *, returncode=0, junit: str | None = None, timeout
 
     def run(cmd, **kw):
         if timeout:
-            raise subprocess.TimeoutExpired(cmd, kw.get("timeout"), output="collected 3 items\n")
+            raise subprocess.TimeoutExpired(
+                cmd, kw.get("timeout"), output="collected 3 items\n"
+            )
         if junit is not None:
             path = next(a for a in cmd if a.startswith("--junitxml=")).split("=", 1)[1]
             Path(path).write_text(junit)
@@ -121,7 +140,9 @@ def test_tests_without_a_report_fail(tmp_path, monkeypatch):
 
 
 def test_tests_that_time_out_fail(tmp_path, monkeypatch):
-    (tmp_path / "pytest-junit.xml").write_text(_JUNIT.format(extra=""))  # left by an earlier run
+    (tmp_path / "pytest-junit.xml").write_text(
+        _JUNIT.format(extra="")
+    )  # left by an earlier run
     _fake_pytest(monkeypatch, timeout=True)
     res = ar.run_tests({}, tmp_path, ["tests"], 60)
     assert res.failures == ["pytest timed out after 60 s (no report)"]
@@ -145,8 +166,16 @@ def test_tests_report_passing_is_a_pass(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "returncode, junit, failure",
     [
-        (5, '<?xml version="1.0"?><testsuites><testsuite name="pytest"/></testsuites>', "pytest ran no tests (exit 5)"),
-        (3, _JUNIT.format(extra=""), "pytest exited 3 although every test in its report passed"),
+        (
+            5,
+            '<?xml version="1.0"?><testsuites><testsuite name="pytest"/></testsuites>',
+            "pytest ran no tests (exit 5)",
+        ),
+        (
+            3,
+            _JUNIT.format(extra=""),
+            "pytest exited 3 although every test in its report passed",
+        ),
     ],
     ids=["empty-report", "internal-error"],
 )
@@ -157,37 +186,92 @@ def test_tests_odd_reports_fail(tmp_path, monkeypatch, returncode, junit, failur
 
 def _report(platform: str) -> dict:
     return {
-        "date": "2026-11-22", "timestamp": "2026-11-22 03:00", "command": "python tools/accelerator_run.py",
-        "environment": {"platform": platform, "backend": platform, "device_kind": "NVIDIA H100" if platform == "gpu"
-                        else "cpu", "device_count": 1, "jax": "0.12.0", "jaxlib": "0.12.0", "python": "3.12.1",
-                        "platform_version": "x", "packages": {"folx": "0.2.30", "jupytext": None}},
+        "date": "2026-11-22",
+        "timestamp": "2026-11-22 03:00",
+        "command": "python tools/accelerator_run.py",
+        "environment": {
+            "platform": platform,
+            "backend": platform,
+            "device_kind": "NVIDIA H100" if platform == "gpu" else "cpu",
+            "device_count": 1,
+            "jax": "0.12.0",
+            "jaxlib": "0.12.0",
+            "python": "3.12.1",
+            "platform_version": "x",
+            "packages": {"folx": "0.2.30", "jupytext": None},
+        },
         "wheels": None,
-        "chapters": [{"chapter": "01_tracers.md", "ok": False, "seconds": 3.25,
-                      "source": "chapters/01_tracers.md", "platform": platform, "device_count": 1,
-                      "error_cells": [{"index": 3, "expected": "TypeError", "raised": "ValueError"}], "failure": ""}],
-        "tests": {"ran": True, "seconds": 12.0, "total": 3, "passed": 2, "failed": 1, "errors": 0, "skipped": 0,
-                  "failures": ["tests.test_x::test_y"], "note": ""},
-        "benchmark": {"ran": False, "ok": False, "seconds": 0.0, "command": "", "output": "",
-                      "note": "benchmarks/laplacian.py does not exist in this checkout"},
+        "chapters": [
+            {
+                "chapter": "01_tracers.md",
+                "ok": False,
+                "seconds": 3.25,
+                "source": "chapters/01_tracers.md",
+                "platform": platform,
+                "device_count": 1,
+                "error_cells": [
+                    {"index": 3, "expected": "TypeError", "raised": "ValueError"}
+                ],
+                "failure": "",
+            }
+        ],
+        "tests": {
+            "ran": True,
+            "seconds": 12.0,
+            "total": 3,
+            "passed": 2,
+            "failed": 1,
+            "errors": 0,
+            "skipped": 0,
+            "failures": ["tests.test_x::test_y"],
+            "note": "",
+        },
+        "benchmark": {
+            "ran": False,
+            "ok": False,
+            "seconds": 0.0,
+            "command": "",
+            "output": "",
+            "note": "benchmarks/laplacian.py does not exist in this checkout",
+        },
     }
 
 
 def test_report_markdown_says_what_ran_where():
     gpu = ar.render_markdown(_report("gpu"))
     assert gpu.startswith("## GPU run, 1 × NVIDIA H100: 2026-11-22")
-    assert ("| 01_tracers.md | FAIL | 3.2 | gpu, 1 | 0 of 1 raised the named class; "
-            "cell 3: TypeError → ValueError ✗ |") in gpu
-    assert "2 passed, 1 failed, 0 errors, 0 skipped (3 in all)" in gpu and "`tests.test_x::test_y`" in gpu
+    assert (
+        "| 01_tracers.md | FAIL | 3.2 | gpu, 1 | 0 of 1 raised the named class; "
+        "cell 3: TypeError → ValueError ✗ |"
+    ) in gpu
+    assert (
+        "2 passed, 1 failed, 0 errors, 0 skipped (3 in all)" in gpu
+        and "`tests.test_x::test_y`" in gpu
+    )
     assert "Not run: benchmarks/laplacian.py does not exist" in gpu
     assert "| not available | jupytext |" in gpu
-    assert ar.render_markdown(_report("cpu")).startswith("## CPU dry run (no accelerator): 2026-11-22")
+    assert ar.render_markdown(_report("cpu")).startswith(
+        "## CPU dry run (no accelerator): 2026-11-22"
+    )
 
 
 def test_refuses_to_run_on_cpu_without_allow_cpu(tmp_path):
-    cmd = [sys.executable, str(ar.ROOT / "tools" / "accelerator_run.py"), "--out", str(tmp_path),
-           "--skip-chapters", "--skip-tests", "--skip-benchmark"]  # on an accelerator: a quick, empty run
-    out = subprocess.run(cmd,
-                         capture_output=True, text=True, timeout=300, env=ar.run_environment([], tmp_path))
+    cmd = [
+        sys.executable,
+        str(ar.ROOT / "tools" / "accelerator_run.py"),
+        "--out",
+        str(tmp_path),
+        "--skip-chapters",
+        "--skip-tests",
+        "--skip-benchmark",
+    ]  # on an accelerator: a quick, empty run
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ar.run_environment([], tmp_path),
+    )
     if "(cpu)" not in out.stdout:
         pytest.skip("this machine has an accelerator")
     assert out.returncode == 2 and "--allow-cpu" in out.stderr

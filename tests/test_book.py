@@ -32,7 +32,16 @@ def test_pair_in_sync_and_output_free(source):
 
 
 def test_no_unpaired_notebooks():
-    orphans = [p.name for p in book.CHAPTERS.glob("*.ipynb") if not p.with_suffix(".md").exists()]
+    orphans = [
+        p.name
+        for p in book.CHAPTERS.glob("*.ipynb")
+        if not p.with_suffix(".md").exists()
+    ]
+    orphans += [
+        p.relative_to(book.ROOT).as_posix()
+        for p in book.STUDENT_DIR.glob("*.ipynb")
+        if not (book.CHAPTERS / p.with_suffix(".md").name).exists()
+    ]
     assert orphans == [], f"notebooks without a .md source: {orphans}"
 
 
@@ -47,14 +56,20 @@ def _toc_files() -> list[str]:
 def test_toc_lists_every_chapter_and_only_existing_files():
     files = _toc_files()
     for f in files:
-        assert any((book.ROOT / f).with_suffix(s).exists() for s in (".md", ".ipynb")), f"_toc.yml names missing {f}"
+        assert any(
+            (book.ROOT / f).with_suffix(s).exists() for s in (".md", ".ipynb")
+        ), f"_toc.yml names missing {f}"
     for source in SOURCES:
-        assert source.relative_to(book.ROOT).with_suffix("").as_posix() in files, f"{source.name} not in _toc.yml"
+        assert source.relative_to(book.ROOT).with_suffix("").as_posix() in files, (
+            f"{source.name} not in _toc.yml"
+        )
 
 
 def test_book_builds_from_md_only():
     cfg = book.config()
-    assert "chapters/*.ipynb" in cfg["exclude_patterns"], "the .ipynb twins must be excluded from the build"
+    assert "chapters/*.ipynb" in cfg["exclude_patterns"], (
+        "the .ipynb twins must be excluded from the build"
+    )
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=IDS)
@@ -91,7 +106,11 @@ def _run_install_cell(monkeypatch) -> list[str]:
     calls = []
     monkeypatch.setitem(sys.modules, "google.colab", type(sys)("google.colab"))
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "beyondgrad" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "beyondgrad" else real_find_spec(name, *a),
+    )
     monkeypatch.setattr(subprocess, "run", lambda argv, **kw: calls.append(argv))
     exec(book.colab_install_cell(), {})
     assert len(calls) == 1, "the cell must run exactly one pip install"
@@ -110,7 +129,10 @@ def test_install_cell_pins_every_installed_jax_package(monkeypatch):
     assert argv[1:4] == ["-m", "pip", "install"]
     forbidden = {"-U", "--upgrade", "--force-reinstall", "--ignore-installed", "-I"}
     assert not forbidden & set(argv), f"install flags could replace jax: {argv}"
-    assert not any(a.split("==")[0].split(">")[0].strip().lower() in {"jax", "jaxlib"} for a in argv)
+    assert not any(
+        a.split("==")[0].split(">")[0].strip().lower() in {"jax", "jaxlib"}
+        for a in argv
+    )
     constraints = Path(argv[argv.index("--constraint") + 1]).read_text().split()
     installed = {
         f"{d.metadata['Name']}=={d.version}"
@@ -126,13 +148,20 @@ def test_install_cell_resolution_keeps_jax(monkeypatch, tmp_path):
     """pip's own resolver, given the cell's arguments, installs no jax/jaxlib."""
     argv = _run_install_cell(monkeypatch)
     monkeypatch.undo()
-    local = argv[:-1] + [f"{book.ROOT}[chapters]", "--dry-run", "--report", str(tmp_path / "r.json")]
+    local = argv[:-1] + [
+        f"{book.ROOT}[chapters]",
+        "--dry-run",
+        "--report",
+        str(tmp_path / "r.json"),
+    ]
     done = subprocess.run(local, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
     names = {item["metadata"]["name"].lower() for item in report["install"]}
     assert "beyondgrad" in names
-    assert not {n for n in names if n.startswith(("jax", "libtpu")) and n != "jaxtyping"}, names
+    assert not {
+        n for n in names if n.startswith(("jax", "libtpu")) and n != "jaxtyping"
+    }, names
 
 
 def test_config_is_the_single_source_of_the_repository():
@@ -146,7 +175,10 @@ def test_config_is_the_single_source_of_the_repository():
     "cell, expected",
     [
         ("# raises ValueError\nf(1)", "ValueError"),
-        ("\n# raises jax.errors.TracerBoolConversionError\njax.jit(f)(1.0)", "TracerBoolConversionError"),
+        (
+            "\n# raises jax.errors.TracerBoolConversionError\njax.jit(f)(1.0)",
+            "TracerBoolConversionError",
+        ),
         ("#raises KeyError", "KeyError"),
         ("# raises TypeError  (the shapes differ)\nf()", "TypeError"),
         ("f(1)\n# raises ValueError", None),  # not the first line
@@ -165,7 +197,9 @@ def test_raises_parser_is_the_one_the_tools_use():
     import tools.execute
 
     for module in (tools.execute, tools.accelerator_run):
-        assert not hasattr(module, "RAISES"), f"{module.__name__} parses '# raises' itself"
+        assert not hasattr(module, "RAISES"), (
+            f"{module.__name__} parses '# raises' itself"
+        )
     assert tools.execute.expected_exception is book.expected_exception
 
 
@@ -174,10 +208,20 @@ def test_sync_rewrites_only_the_install_cell(tmp_path):
     md = tmp_path / "99_x.md"
     head = "---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n---\n\n"
     rest = "\n\nText.\n\n```{code-cell} ipython3\nx = 1\n```\n"
-    md.write_text(head + "# x\n\n```{code-cell} ipython3\n:tags: [hide-cell]\n\n" + old_cell + "\n```" + rest)
+    md.write_text(
+        head
+        + "# x\n\n```{code-cell} ipython3\n:tags: [hide-cell]\n\n"
+        + old_cell
+        + "\n```"
+        + rest
+    )
     assert book.sync_install_cell(md) is True
     text = md.read_text()
-    assert book.colab_install_cell() in text and old_cell not in text and text.endswith(rest)
+    assert (
+        book.colab_install_cell() in text
+        and old_cell not in text
+        and text.endswith(rest)
+    )
     assert book.sync_install_cell(md) is False  # already in sync
 
 
@@ -199,7 +243,11 @@ PRINTED_TYPE = re.compile(r"`(~?[a-z]+[0-9]+\[[^`\]]*\](?:\{[^`}]*\})?)`")
 
 def glossary_terms() -> list[str]:
     block = GLOSSARY.read_text().split("```{glossary}", 1)[1].split("```", 1)[0]
-    return [line.strip() for line in block.splitlines() if line.strip() and not line[0].isspace()]
+    return [
+        line.strip()
+        for line in block.splitlines()
+        if line.strip() and not line[0].isspace()
+    ]
 
 
 def test_glossary_has_the_books_terms():
@@ -223,13 +271,21 @@ def _printed_types() -> dict[str, str]:
         return x
 
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
-    jax.shard_map(block, mesh=mesh, in_specs=PartitionSpec("data"), out_specs=PartitionSpec("data"))(
-        jnp.arange(16.0)
-    )
+    jax.shard_map(
+        block,
+        mesh=mesh,
+        in_specs=PartitionSpec("data"),
+        out_specs=PartitionSpec("data"),
+    )(jnp.arange(16.0))
     seen["vector"] = str(jax.typeof(jnp.arange(4.0)))
     seen["weak"] = str(jax.typeof(jnp.asarray(1.0)))
     for kind in ("Explicit", "Auto"):
-        m = jax.make_mesh((4,), ("data",), axis_types=(getattr(AxisType, kind),), devices=jax.devices()[:4])
+        m = jax.make_mesh(
+            (4,),
+            ("data",),
+            axis_types=(getattr(AxisType, kind),),
+            devices=jax.devices()[:4],
+        )
         x = jax.device_put(jnp.arange(16.0), NamedSharding(m, PartitionSpec("data")))
         seen[kind] = str(jax.typeof(x))
     return seen
@@ -240,5 +296,10 @@ def test_glossary_types_are_the_ones_jax_prints():
     text = GLOSSARY.read_text()
     assert printed["varying"] == "float32[4]{V:data}"  # the book's notation, pinned
     in_glossary = set(PRINTED_TYPE.findall(text))
-    assert {printed["varying"], printed["psum"], printed["weak"], printed["Explicit"]} <= in_glossary
+    assert {
+        printed["varying"],
+        printed["psum"],
+        printed["weak"],
+        printed["Explicit"],
+    } <= in_glossary
     assert in_glossary <= set(printed.values()), in_glossary - set(printed.values())

@@ -37,7 +37,9 @@ def browser():
 
     with sync_playwright() as pw:
         b = pw.chromium.launch(
-            executable_path=browser_checks.chromium_executable(), args=browser_checks.CHROMIUM_ARGS, headless=True
+            executable_path=browser_checks.chromium_executable(),
+            args=browser_checks.CHROMIUM_ARGS,
+            headless=True,
         )
         try:
             yield b
@@ -46,11 +48,22 @@ def browser():
 
 
 def test_html_pages_skips_assets_and_index_pages(tmp_path):
-    for rel in ["index.html", "intro.html", "chapters/01_tracers.html", "_static/x.html", "genindex.html",
-                "search.html", "_sources/a.html"]:
+    for rel in [
+        "index.html",
+        "intro.html",
+        "chapters/01_tracers.html",
+        "_static/x.html",
+        "genindex.html",
+        "search.html",
+        "_sources/a.html",
+    ]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("<html></html>")
-    assert browser_checks.html_pages(tmp_path) == ["chapters/01_tracers.html", "index.html", "intro.html"]
+    assert browser_checks.html_pages(tmp_path) == [
+        "chapters/01_tracers.html",
+        "index.html",
+        "intro.html",
+    ]
 
 
 def test_check_build_without_a_build_says_so(tmp_path):
@@ -81,7 +94,9 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
     (tmp_path / "pixel.png").write_bytes(_PIXEL_PNG)
     (tmp_path / "broken.html").write_text(_BROKEN_PAGE)
     with browser_checks.serve(tmp_path) as url:
-        problems, shot = browser_checks.visit(browser, tmp_path, url, "broken.html", tmp_path)
+        problems, shot = browser_checks.visit(
+            browser, tmp_path, url, "broken.html", tmp_path
+        )
     report = "\n".join(problems)
     expected = [
         "uncaught exception: notDefined is not defined",
@@ -94,8 +109,14 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
     ]
     for text in expected:
         assert text in report, f"the checks missed {text!r}; they reported:\n{report}"
-    assert all(p.endswith("missing.png") for p in problems if p.startswith(("HTTP 404", "image did not load"))), report
-    assert sum("pixel.png" in p for p in problems) == 1, f"only the image without alt text is a problem:\n{report}"
+    assert all(
+        p.endswith("missing.png")
+        for p in problems
+        if p.startswith(("HTTP 404", "image did not load"))
+    ), report
+    assert sum("pixel.png" in p for p in problems) == 1, (
+        f"only the image without alt text is a problem:\n{report}"
+    )
     assert shot is not None and shot.stat().st_size > 0
 
 
@@ -114,11 +135,16 @@ def test_the_chapter_checks_catch_a_bare_chapter_page(browser, tmp_path):
         problems, _ = browser_checks.visit(browser, tmp_path, url, rel, tmp_path)
     report = "\n".join(problems)
     assert f"no Colab launch link to {book.colab_url(source)}" in report
-    assert "no launch (rocket) button" in report and "no .ipynb download entry" in report
+    assert (
+        "no launch (rocket) button" in report and "no .ipynb download entry" in report
+    )
     if browser_checks.expected_hide_input_cells(source):
         assert "hide-input cells in" in report
-    if any(book.is_solution(c) for c in book.md_to_notebook(source)["cells"]):
-        assert f"no link to the student notebook {book.student_colab_url(source)}" in report
+    if book.solution_exercises(source):
+        assert (
+            f"no link to the student notebook {book.student_colab_url(source)}"
+            in report
+        )
 
 
 def _fake_runs(monkeypatch, build_rc: int) -> list[list[str]]:
@@ -126,7 +152,9 @@ def _fake_runs(monkeypatch, build_rc: int) -> list[list[str]]:
 
     def run(cmd, **kw):
         calls.append([str(c) for c in cmd])
-        return subprocess.CompletedProcess(cmd, build_rc if "build" in map(str, cmd) else 0)
+        return subprocess.CompletedProcess(
+            cmd, build_rc if "build" in map(str, cmd) else 0
+        )
 
     class Popen:  # the student notebooks, executed beside the build
         def __init__(self, cmd, **kw):
@@ -141,13 +169,19 @@ def _fake_runs(monkeypatch, build_rc: int) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("build_rc", [0, 1])
-def test_book_command_runs_student_notebooks_and_browser_checks(monkeypatch, tmp_path, build_rc):
+def test_book_command_runs_student_notebooks_and_browser_checks(
+    monkeypatch, tmp_path, build_rc
+):
     calls = _fake_runs(monkeypatch, build_rc)
     rc = dev.cmd_book(Path(sys.executable), force=False, build=tmp_path / "_build")
     checks = [c for c in calls if c[1:3] == ["-m", "tools.browser"]]
     assert rc == build_rc
     assert [sys.executable, "-m", "tools.execute", "--student"] in calls
     if build_rc == 0:
-        assert checks == [[sys.executable, "-m", "tools.browser", str(tmp_path / "_build" / "html")]]
+        assert checks == [
+            [sys.executable, "-m", "tools.browser", str(tmp_path / "_build" / "html")]
+        ]
     else:
-        assert checks == []  # a failed build is reported as such, not checked in a browser
+        assert (
+            checks == []
+        )  # a failed build is reported as such, not checked in a browser

@@ -42,7 +42,10 @@ def test_long_code_lines_are_found_with_their_line_numbers(tmp_path, monkeypatch
     long = "y = " + " + ".join(["1"] * 30)  # 4 + 30 + 29 * 3 = 121 characters
     md.write_text(
         "# x\n\n```{code-cell} ipython3\nx = 1\n```\n\nA long prose line "
-        + "w" * 100 + "\n\n```{code-cell} ipython3\n:tags: [hide-input]\n\n" + long + "\n```\n"
+        + "w" * 100
+        + "\n\n```{code-cell} ipython3\n:tags: [hide-input]\n\n"
+        + long
+        + "\n```\n"
     )
     assert long_code_lines(md) == [f"99_x.md:12: 121 characters: {long[:60]}"]
     assert long_code_lines(md, limit=121) == []
@@ -51,17 +54,27 @@ def test_long_code_lines_are_found_with_their_line_numbers(tmp_path, monkeypatch
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
 def test_code_lines_fit_the_page(source):
     long = long_code_lines(source)
-    assert not long, f"{len(long)} code line(s) over {MAX_CODE_LINE} characters:\n" + "\n".join(long)
+    assert not long, (
+        f"{len(long)} code line(s) over {MAX_CODE_LINE} characters:\n" + "\n".join(long)
+    )
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
 def test_error_cells_raise_the_named_class(source):
-    nb = executed_notebook(source)  # the book build's copy when fresh, else executed now
+    nb = executed_notebook(
+        source
+    )  # the book build's copy when fresh, else executed now
     for cell in error_cells(nb):
         where = f"{source.name}, cell {cell.index}"
-        assert cell.expected, f"{where}: a raises-exception cell must start with '# raises ClassName'"
-        assert cell.raised == cell.expected, f"{where}: expected {cell.expected}, raised {cell.raised}"
-        assert cell.expected in cell.prose, f"{where}: the prose before the cell must name {cell.expected}"
+        assert cell.expected, (
+            f"{where}: a raises-exception cell must start with '# raises ClassName'"
+        )
+        assert cell.raised == cell.expected, (
+            f"{where}: expected {cell.expected}, raised {cell.raised}"
+        )
+        assert cell.expected in cell.prose, (
+            f"{where}: the prose before the cell must name {cell.expected}"
+        )
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
@@ -70,5 +83,9 @@ def test_only_tagged_cells_raise(source):
     tagged = {c.index for c in error_cells(nb)}
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and i not in tagged:
-            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-            assert not errors, f"{source.name}, cell {i} raised {errors[0]['ename']} without the raises-exception tag"
+            errors = [
+                o for o in cell.get("outputs", []) if o.get("output_type") == "error"
+            ]
+            assert not errors, (
+                f"{source.name}, cell {i} raised {errors[0]['ename']} without the raises-exception tag"
+            )

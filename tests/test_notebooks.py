@@ -32,7 +32,9 @@ _HEADER = (
     "    format_version: 0.13\nkernelspec:\n  display_name: Python 3 (ipykernel)\n"
     "  language: python\n  name: python3\n---\n\n"
 )
-_DEMO = _HEADER + """# 9. Demo
+_DEMO = (
+    _HEADER
+    + """# 9. Demo
 
 ## Exercises
 
@@ -61,16 +63,18 @@ check(solution_double, strict=True)
 print("after")
 ```
 """
+)
 
 
 def _source(cell: dict) -> str:
-    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+    return (
+        cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+    )
 
 
 def _solutions(source: Path) -> list[str]:
     """The exercise numbers of the chapter's solution cells, from its MyST source."""
-    nb = book._read_chapter(source)
-    return [book.solution_exercise(c.source) for c in nb.cells if book.is_solution(c)]
+    return book.solution_exercises(source)
 
 
 @pytest.fixture
@@ -87,10 +91,17 @@ def demo(tmp_path, monkeypatch) -> Path:
 
 def test_self_study_solution_is_a_colab_form(demo):
     cells = book.md_to_notebook(demo)["cells"]
-    (solution,) = [c for c in cells if book.SOLUTION_TAG in c["metadata"].get("tags", [])]
+    (solution,) = [
+        c for c in cells if book.SOLUTION_TAG in c["metadata"].get("tags", [])
+    ]
     lines = _source(solution).splitlines()
     assert lines[0] == "#@title Solution to exercise 9.1"
-    assert lines[1:] == ["def solution_double(x):", "    return 2 * x", "", "check(solution_double, strict=True)"]
+    assert lines[1:] == [
+        "def solution_double(x):",
+        "    return 2 * x",
+        "",
+        "check(solution_double, strict=True)",
+    ]
     assert solution["metadata"]["cellView"] == "form"
     assert solution["metadata"]["jupyter"] == {"source_hidden": True}
     assert solution["metadata"]["tags"] == ["solution", "hide-input"]
@@ -132,17 +143,29 @@ def test_sync_writes_both_sets_and_pairing_sees_drift(demo, monkeypatch):
 
 @pytest.mark.parametrize(
     "first_line",
-    ["def solution_double(x):", "# Solution to exercise 9", "# solution 9.1", "#@title Solution to exercise 9.1"],
+    [
+        "def solution_double(x):",
+        "# Solution to exercise 9",
+        "# solution 9.1",
+        "#@title Solution to exercise 9.1",
+    ],
 )
 def test_solution_cell_must_name_its_exercise(demo, first_line):
     demo.write_text(_DEMO.replace("# Solution to exercise 9.1", first_line))
-    with pytest.raises(ValueError, match=r"must start with '# Solution to exercise N\.k'"):
+    with pytest.raises(
+        ValueError, match=r"must start with '# Solution to exercise N\.k'"
+    ):
         book.md_to_notebook(demo)
 
 
 def test_page_url_follows_the_repository(demo, monkeypatch):
-    monkeypatch.setattr(book, "repository", lambda: ("https://github.com/Some-Org/some-book", "main"))
-    assert book.page_url(demo) == "https://some-org.github.io/some-book/chapters/99_demo.html"
+    monkeypatch.setattr(
+        book, "repository", lambda: ("https://github.com/Some-Org/some-book", "main")
+    )
+    assert (
+        book.page_url(demo)
+        == "https://some-org.github.io/some-book/chapters/99_demo.html"
+    )
     assert book.student_colab_url(demo) == (
         "https://colab.research.google.com/github/Some-Org/some-book/blob/main/notebooks/student/99_demo.ipynb"
     )
@@ -161,7 +184,11 @@ def test_chapter_with_exercises_tags_its_solutions(source):
 @pytest.mark.parametrize("source", SOURCES, ids=IDS)
 def test_committed_self_study_solutions_are_forms(source):
     nb = json.loads(source.with_suffix(".ipynb").read_text())
-    forms = [c for c in nb["cells"] if c["cell_type"] == "code" and c["metadata"].get("cellView") == "form"]
+    forms = [
+        c
+        for c in nb["cells"]
+        if c["cell_type"] == "code" and c["metadata"].get("cellView") == "form"
+    ]
     titles = [FORM_TITLE.fullmatch(_source(c).splitlines()[0]) for c in forms]
     assert all(titles), [_source(c).splitlines()[0] for c in forms]
     assert [m.group(1) for m in titles] == _solutions(source)
@@ -172,7 +199,11 @@ def test_committed_student_notebook_has_no_solution(source):
     nb = json.loads(book.student_path(source).read_text())
     code = [_source(c) for c in nb["cells"] if c["cell_type"] == "code"]
     assert not [c for c in code if "Solution to exercise" in c]
-    pointers = [c for c in nb["cells"] if c["cell_type"] == "markdown" and "#exercises)" in _source(c)]
+    pointers = [
+        c
+        for c in nb["cells"]
+        if c["cell_type"] == "markdown" and "#exercises)" in _source(c)
+    ]
     assert len(pointers) == len(_solutions(source))
 
 
@@ -181,8 +212,12 @@ def test_committed_student_notebook_has_no_solution(source):
 def test_student_notebook_runs_and_reports_not_attempted(source):
     exercises = _solutions(source)
     if not exercises:
-        pytest.skip(f"{source.name} has no solution cells: its student notebook is the chapter")
-    nb = executed_student_notebook(source)  # raises CellExecutionError on an untagged error
+        pytest.skip(
+            f"{source.name} has no solution cells: its student notebook is the chapter"
+        )
+    nb = executed_student_notebook(
+        source
+    )  # raises CellExecutionError on an untagged error
     text = "\n".join(
         o.get("text", "") + "".join(o.get("data", {}).get("text/plain", ""))
         for c in nb.cells

@@ -35,7 +35,11 @@ def workflow(name: str) -> dict:
 
 
 def run_lines(job: dict) -> list[str]:
-    return [line.strip() for step in job["steps"] for line in step.get("run", "").splitlines()]
+    return [
+        line.strip()
+        for step in job["steps"]
+        for line in step.get("run", "").splitlines()
+    ]
 
 
 def test_readme_commands_are_the_two_commands():
@@ -48,7 +52,10 @@ def test_ci_workflow_runs_the_readme_commands_in_both_environments():
     (job,) = wf["jobs"].values()
     envs = {(m["jax"], m["python"]) for m in job["strategy"]["matrix"]["include"]}
     assert envs == {("newest", "3.12"), ("floor", "3.11")}  # as in .ci/run
-    assert job["env"]["BEYONDGRAD_JAX"] == "${{ matrix.jax }}" and job["env"]["CI"] == "true"
+    assert (
+        job["env"]["BEYONDGRAD_JAX"] == "${{ matrix.jax }}"
+        and job["env"]["CI"] == "true"
+    )
     lines = run_lines(job)
     for command in readme_commands():
         assert command in lines, f"ci.yml does not run {command!r}"
@@ -60,18 +67,29 @@ def test_publish_workflow_builds_main_and_deploys_the_html():
     assert wf["on"]["push"]["branches"] == ["main"]
     build = wf["jobs"]["build"]
     assert "python3 dev.py book" in run_lines(build)
-    upload = [s for s in build["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact@")]
+    upload = [
+        s
+        for s in build["steps"]
+        if s.get("uses", "").startswith("actions/upload-pages-artifact@")
+    ]
     assert upload and upload[0]["with"]["path"] == "_build/html"
     deploy = wf["jobs"]["deploy"]
     assert deploy["needs"] == "build"
-    assert any(s.get("uses", "").startswith("actions/deploy-pages@") for s in deploy["steps"])
-    assert wf["permissions"]["pages"] == "write" and wf["permissions"]["id-token"] == "write"
+    assert any(
+        s.get("uses", "").startswith("actions/deploy-pages@") for s in deploy["steps"]
+    )
+    assert (
+        wf["permissions"]["pages"] == "write"
+        and wf["permissions"]["id-token"] == "write"
+    )
 
 
 def test_ci_script_runs_lint_and_both_environments():
     text = CI_RUN.read_text()
     subprocess.run(["bash", "-n", str(CI_RUN)], check=True)
-    steps = re.findall(r'^step "[^"]+" run_env "\$(py31\d)" (\S+) (\w+) (\w+)$', text, re.M)
+    steps = re.findall(
+        r'^step "[^"]+" run_env "\$(py31\d)" (\S+) (\w+) (\w+)$', text, re.M
+    )
     assert ("py312", ".venv-py312", "newest", "lint") in steps
     for env in (("py312", ".venv-py312", "newest"), ("py311", ".venv-floor", "floor")):
         for command in ("book", "test"):
@@ -101,7 +119,9 @@ def _calls(monkeypatch) -> list[list[str]]:
 
     def run(cmd, **kw):
         calls.append([str(c) for c in cmd])
-        return subprocess.CompletedProcess(cmd, 0, stdout="jax 9, jaxlib 9, folx 1, numpy 3, Python 3.12\n")
+        return subprocess.CompletedProcess(
+            cmd, 0, stdout="jax 9, jaxlib 9, folx 1, numpy 3, Python 3.12\n"
+        )
 
     monkeypatch.setattr(dev.subprocess, "run", run)
     monkeypatch.setattr(dev, "ensure_env", lambda env, spec: Path("/venv/bin/python"))
@@ -117,7 +137,9 @@ def test_newest_is_upgraded_on_ci(monkeypatch, ci, jax, upgraded):
     monkeypatch.setenv("CI", ci)
     calls = _calls(monkeypatch)
     assert dev.main(["--jax", jax, "setup"]) == 0
-    pip_upgrades = [c for c in calls if c[1:4] == ["-m", "pip", "install"] and "-U" in c]
+    pip_upgrades = [
+        c for c in calls if c[1:4] == ["-m", "pip", "install"] and "-U" in c
+    ]
     if upgraded:
         assert pip_upgrades and set(dev.UPGRADED) <= set(pip_upgrades[0])
     else:
@@ -137,12 +159,21 @@ def test_resolved_versions_of_this_environment():
     import jax
 
     text = dev.resolved_versions(Path(sys.executable))
-    assert text.startswith(f"jax {jax.__version__}, jaxlib ") and ", folx " in text and ", numpy " in text
+    assert (
+        text.startswith(f"jax {jax.__version__}, jaxlib ")
+        and ", folx " in text
+        and ", numpy " in text
+    )
 
 
 def test_lint_covers_the_code(monkeypatch):
     calls = _calls(monkeypatch)
     assert dev.cmd_lint(Path("/venv/bin/python")) == 0
     check, fmt = calls
-    assert check[1:4] == ["-m", "ruff", "check"] and fmt[1:5] == ["-m", "ruff", "format", "--check"]
+    assert check[1:4] == ["-m", "ruff", "check"] and fmt[1:5] == [
+        "-m",
+        "ruff",
+        "format",
+        "--check",
+    ]
     assert {"src", "tests", "tools", "benchmarks", "dev.py"} <= set(check) & set(fmt)

@@ -102,7 +102,9 @@ def normalize(name: str) -> str:
 def wheel_distribution(path: Path) -> str:
     """The distribution name of a wheel file (``name-version-...-platform.whl``)."""
     if path.suffix != ".whl" or path.name.count("-") < 4:
-        raise ValueError(f"{path.name} is not a wheel file (name-version-pyver-abi-platform.whl)")
+        raise ValueError(
+            f"{path.name} is not a wheel file (name-version-pyver-abi-platform.whl)"
+        )
     return normalize(path.name.split("-", 1)[0])
 
 
@@ -123,21 +125,39 @@ def install_wheels(wheels: Path, target: Path) -> dict[str, list[str]]:
     file names installed and skipped (JAX's own wheels, and distributions already present).
     """
     if not wheels.is_dir():
-        raise ValueError(f"--wheels {wheels} is not a directory; create it with `pip download -d DIR ...`")
+        raise ValueError(
+            f"--wheels {wheels} is not a directory; create it with `pip download -d DIR ...`"
+        )
     files = sorted(wheels.glob("*.whl"))
     if not files:
         raise ValueError(f"--wheels {wheels} contains no .whl files")
     take, skipped = [], []
     for f in files:
         dist = wheel_distribution(f)
-        if dist in NEVER_FROM_WHEELS or dist.startswith(NEVER_FROM_WHEELS_PREFIXES) or _installed(dist):
+        if (
+            dist in NEVER_FROM_WHEELS
+            or dist.startswith(NEVER_FROM_WHEELS_PREFIXES)
+            or _installed(dist)
+        ):
             skipped.append(f.name)
         else:
             take.append(f)
     if take:
         target.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--disable-pip-version-check",
-               "-q", "--upgrade", "--target", str(target), *map(str, take)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+            "--upgrade",
+            "--target",
+            str(target),
+            *map(str, take),
+        ]
         subprocess.run(cmd, check=True)
     return {"installed": [f.name for f in take], "skipped": skipped}
 
@@ -148,9 +168,16 @@ def run_environment(extra_path: list[Path], kernels: Path) -> dict[str, str]:
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     env.setdefault("MPLBACKEND", "Agg")
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "src"), str(ROOT), *map(str, extra_path), *filter(None, [env.get("PYTHONPATH", "")])]
+        [
+            str(ROOT / "src"),
+            str(ROOT),
+            *map(str, extra_path),
+            *filter(None, [env.get("PYTHONPATH", "")]),
+        ]
     )
-    env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(kernels), env.get("JUPYTER_PATH", "")]))
+    env["JUPYTER_PATH"] = os.pathsep.join(
+        filter(None, [str(kernels), env.get("JUPYTER_PATH", "")])
+    )
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -162,11 +189,22 @@ def write_kernel_spec(kernels: Path) -> None:
     """A kernel spec that starts *this* interpreter (not whatever 'python3' points to)."""
     spec = kernels / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True, exist_ok=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": f"Python {platform.python_version()} (accelerator run)",
-        "language": "python",
-    }, indent=1))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [
+                    sys.executable,
+                    "-m",
+                    "ipykernel_launcher",
+                    "-f",
+                    "{connection_file}",
+                ],
+                "display_name": f"Python {platform.python_version()} (accelerator run)",
+                "language": "python",
+            },
+            indent=1,
+        )
+    )
 
 
 _PROBE = r"""
@@ -220,18 +258,28 @@ print("PROBE" + json.dumps(info))
 
 def probe(env: dict[str, str]) -> dict:
     """Devices, versions and available packages, as a child process with ``env`` sees them."""
-    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(NEEDED)], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(NEEDED)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     for line in out.stdout.splitlines():
         if line.startswith("PROBE"):
             return json.loads(line[5:])
-    raise RuntimeError(f"could not start JAX in this interpreter:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    raise RuntimeError(
+        f"could not start JAX in this interpreter:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    )
 
 
 def pip_download_line(missing: list[str]) -> str:
     dists = " ".join(NEEDED[m] for m in missing)
-    return (f"python{sys.version_info.major}.{sys.version_info.minor} -m pip download -d wheels {dists}"
-            "   # on a networked machine with the same Python; then --wheels wheels")
+    return (
+        f"python{sys.version_info.major}.{sys.version_info.minor} -m pip download -d wheels {dists}"
+        "   # on a networked machine with the same Python; then --wheels wheels"
+    )
 
 
 # --------------------------------------------------------------------------- chapters
@@ -266,7 +314,9 @@ class ChapterResult:
 
 def default_sources() -> list[Path]:
     """Every chapter (``chapters/*.md``) and every executable appendix (``appendix_*.md``)."""
-    appendices = [p for p in sorted(ROOT.glob("appendix_*.md")) if "code-cell" in p.read_text()]
+    appendices = [
+        p for p in sorted(ROOT.glob("appendix_*.md")) if "code-cell" in p.read_text()
+    ]
     return sorted(CHAPTERS.glob("*.md")) + appendices
 
 
@@ -299,13 +349,19 @@ def run_chapter_nbclient(source: Path, timeout: int, save: Path) -> ChapterResul
     from tools.execute import test_cache
 
     nb = load_chapter(source)
-    client = NotebookClient(nb, timeout=timeout, kernel_name=KERNEL_NAME,
-                            resources={"metadata": {"path": str(source.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name=KERNEL_NAME,
+        resources={"metadata": {"path": str(source.parent)}},
+    )
     t0 = time.perf_counter()
     failure = ""
     try:
         client.execute()
-    except Exception as e:  # CellExecutionError, timeouts, dead kernels: report and go on
+    except (
+        Exception
+    ) as e:  # CellExecutionError, timeouts, dead kernels: report and go on
         failure = f"{type(e).__name__}: {str(e)[-1500:]}"
     seconds = time.perf_counter() - t0
     save.mkdir(parents=True, exist_ok=True)
@@ -315,9 +371,16 @@ def run_chapter_nbclient(source: Path, timeout: int, save: Path) -> ChapterResul
         nbformat.write(nb, test_cache() / f"{source.stem}.ipynb")
     cells = _check_error_cells(nb)
     rec = _runtime_record(nb) or {}
-    return ChapterResult(source.name, not failure and all(c.ok for c in cells), seconds,
-                         _rel(source), rec.get("platform"), rec.get("device_count"),
-                         cells, failure)
+    return ChapterResult(
+        source.name,
+        not failure and all(c.ok for c in cells),
+        seconds,
+        _rel(source),
+        rec.get("platform"),
+        rec.get("device_count"),
+        cells,
+        failure,
+    )
 
 
 # --------------------------------------------------------------------------- tests, benchmark
@@ -336,27 +399,52 @@ class TestResult:
     note: str = ""
 
 
-def run_tests(env: dict[str, str], out: Path, pytest_args: list[str], timeout: int) -> TestResult:
+def run_tests(
+    env: dict[str, str], out: Path, pytest_args: list[str], timeout: int
+) -> TestResult:
     """Run pytest and read its JUnit report; no report (crash, timeout) is a failure."""
     junit = out / "pytest-junit.xml"
     junit.unlink(missing_ok=True)  # a report left by an earlier run must not count
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        *pytest_args,
+    ]
     t0 = time.perf_counter()
     returncode: int | None
     try:
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
         log, returncode = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:
-        out_text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out_text = (
+            e.stdout.decode(errors="replace")
+            if isinstance(e.stdout, bytes)
+            else (e.stdout or "")
+        )
         log, returncode = f"pytest timed out after {timeout} s\n{out_text}", None
     seconds = time.perf_counter() - t0
     (out / "pytest.log").write_text(log)
     if returncode is None:
-        return TestResult(True, seconds, failures=[f"pytest timed out after {timeout} s (no report)"],
-                          note=f"pytest timed out after {timeout} s; last lines:\n{log[-1500:]}")
+        return TestResult(
+            True,
+            seconds,
+            failures=[f"pytest timed out after {timeout} s (no report)"],
+            note=f"pytest timed out after {timeout} s; last lines:\n{log[-1500:]}",
+        )
     if not junit.exists():
-        return TestResult(True, seconds, failures=[f"pytest exited {returncode} without a report (crash)"],
-                          note=f"pytest wrote no report; last lines:\n{log[-1500:]}")
+        return TestResult(
+            True,
+            seconds,
+            failures=[f"pytest exited {returncode} without a report (crash)"],
+            note=f"pytest wrote no report; last lines:\n{log[-1500:]}",
+        )
     return read_junit(junit, returncode, seconds)
 
 
@@ -379,7 +467,9 @@ def read_junit(junit: Path, returncode: int, seconds: float) -> TestResult:
     if res.total == 0:
         res.failures.append(f"pytest ran no tests (exit {returncode})")
     elif returncode != 0 and not res.failures:
-        res.failures.append(f"pytest exited {returncode} although every test in its report passed")
+        res.failures.append(
+            f"pytest exited {returncode} although every test in its report passed"
+        )
     return res
 
 
@@ -393,17 +483,28 @@ class BenchmarkResult:
     note: str = ""
 
 
-def run_benchmark(env: dict[str, str], timeout: int, args: list[str]) -> BenchmarkResult:
+def run_benchmark(
+    env: dict[str, str], timeout: int, args: list[str]
+) -> BenchmarkResult:
     if not BENCHMARK.exists():
-        return BenchmarkResult(False, note=f"{BENCHMARK.relative_to(ROOT)} does not exist in this checkout")
+        return BenchmarkResult(
+            False, note=f"{BENCHMARK.relative_to(ROOT)} does not exist in this checkout"
+        )
     cmd = [sys.executable, str(BENCHMARK.relative_to(ROOT)), *args]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        ok, text = proc.returncode == 0, proc.stdout if proc.returncode == 0 else proc.stdout + proc.stderr[-3000:]
+        proc = subprocess.run(
+            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
+        ok, text = (
+            proc.returncode == 0,
+            proc.stdout if proc.returncode == 0 else proc.stdout + proc.stderr[-3000:],
+        )
     except subprocess.TimeoutExpired as e:
         ok, text = False, f"timed out after {timeout} s\n{e.stdout or ''}"
-    return BenchmarkResult(True, ok, time.perf_counter() - t0, "python " + " ".join(cmd[1:]), text.strip())
+    return BenchmarkResult(
+        True, ok, time.perf_counter() - t0, "python " + " ".join(cmd[1:]), text.strip()
+    )
 
 
 # --------------------------------------------------------------------------- report
@@ -416,7 +517,9 @@ def _error_cells_summary(cells: list[dict]) -> str:
     bad = [e for e in cells if e["expected"] is None or e["expected"] != e["raised"]]
     text = f"{len(cells) - len(bad)} of {len(cells)} raised the named class"
     if bad:
-        text += "; " + "; ".join(f"cell {e['index']}: {e['expected']} → {e['raised']} ✗" for e in bad)
+        text += "; " + "; ".join(
+            f"cell {e['index']}: {e['expected']} → {e['raised']} ✗" for e in bad
+        )
     return text
 
 
@@ -424,16 +527,24 @@ def render_markdown(report: dict) -> str:
     """The report as Markdown for ``tested_on.md`` (section headings start at ``##``)."""
     env, when = report["environment"], report["date"]
     kind = f"{env['device_count']} × {env['device_kind']}"
-    title = (f"CPU dry run (no accelerator): {when}" if env["platform"] == "cpu"
-             else f"{env['platform'].upper()} run, {kind}: {when}")
-    lines = [f"## {title}", "", "| | |", "|---|---|",
-             f"| date (UTC) | {report['timestamp']} |",
-             f"| JAX default backend | {env['platform']} ({env['backend']}) |",
-             f"| devices | {kind} |",
-             f"| JAX / jaxlib | {env['jax']} / {env['jaxlib']} |",
-             f"| backend platform version | {env.get('platform_version', 'unknown')} |",
-             f"| Python | {env['python']} |",
-             f"| command | `{report['command']}` |"]
+    title = (
+        f"CPU dry run (no accelerator): {when}"
+        if env["platform"] == "cpu"
+        else f"{env['platform'].upper()} run, {kind}: {when}"
+    )
+    lines = [
+        f"## {title}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| date (UTC) | {report['timestamp']} |",
+        f"| JAX default backend | {env['platform']} ({env['backend']}) |",
+        f"| devices | {kind} |",
+        f"| JAX / jaxlib | {env['jax']} / {env['jaxlib']} |",
+        f"| backend platform version | {env.get('platform_version', 'unknown')} |",
+        f"| Python | {env['python']} |",
+        f"| command | `{report['command']}` |",
+    ]
     if env.get("nvidia_smi"):
         lines.append(f"| nvidia-smi | {'; '.join(env['nvidia_smi'].splitlines())} |")
     pk = ", ".join(f"{m} {v}" for m, v in env["packages"].items() if v)
@@ -442,29 +553,48 @@ def render_markdown(report: dict) -> str:
     if missing:
         lines.append(f"| not available | {', '.join(missing)} |")
     if report.get("wheels"):
-        lines.append(f"| from --wheels | {', '.join(report['wheels']['installed']) or 'none needed'} |")
+        lines.append(
+            f"| from --wheels | {', '.join(report['wheels']['installed']) or 'none needed'} |"
+        )
     lines += ["", "### Chapters", ""]
     chapters = report["chapters"]
     if not chapters:
         lines.append("Not run (`--skip-chapters`).")
     else:
-        lines += ["| chapter | result | time (s) | chapter's platform, devices | error cells |",
-                  "|---|---|---:|---|---|"]
+        lines += [
+            "| chapter | result | time (s) | chapter's platform, devices | error cells |",
+            "|---|---|---:|---|---|",
+        ]
         for c in chapters:
             cells = _error_cells_summary(c["error_cells"])
-            where = f"{c['platform']}, {c['device_count']}" if c["platform"] else "not reported"
-            lines.append(f"| {c['chapter']} | {'pass' if c['ok'] else 'FAIL'} | {c['seconds']:.1f} | "
-                         f"{where} | {cells} |")
+            where = (
+                f"{c['platform']}, {c['device_count']}"
+                if c["platform"]
+                else "not reported"
+            )
+            lines.append(
+                f"| {c['chapter']} | {'pass' if c['ok'] else 'FAIL'} | {c['seconds']:.1f} | "
+                f"{where} | {cells} |"
+            )
         for c in chapters:
             if c["failure"]:
-                lines += ["", f"{c['chapter']} failed:", "", "```text", c["failure"].strip()[-1500:], "```"]
+                lines += [
+                    "",
+                    f"{c['chapter']} failed:",
+                    "",
+                    "```text",
+                    c["failure"].strip()[-1500:],
+                    "```",
+                ]
     lines += ["", "### Test suite", ""]
     t = report["tests"]
     if not t["ran"]:
         lines.append(t["note"] or "Not run (`--skip-tests`).")
     else:
-        lines.append(f"`pytest tests`: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
-                     f"{t['skipped']} skipped ({t['total']} in all) in {t['seconds']:.0f} s.")
+        lines.append(
+            f"`pytest tests`: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
+            f"{t['skipped']} skipped ({t['total']} in all) in {t['seconds']:.0f} s."
+        )
         if t["failures"]:
             lines += ["", "Not passing:", ""] + [f"- `{f}`" for f in t["failures"]]
         if t["note"]:
@@ -474,27 +604,66 @@ def render_markdown(report: dict) -> str:
     if not b["ran"]:
         lines.append(f"Not run: {b['note']}.")
     else:
-        lines += [f"`{b['command']}` ({'ok' if b['ok'] else 'FAILED'}, {b['seconds']:.0f} s):", "", "```text",
-                  b["output"], "```"]
+        lines += [
+            f"`{b['command']}` ({'ok' if b['ok'] else 'FAILED'}, {b['seconds']:.0f} s):",
+            "",
+            "```text",
+            b["output"],
+            "```",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="See the module docstring (or the book's 'Tested on' page) for details.")
-    ap.add_argument("chapters", nargs="*", help="chapter sources to execute (default: chapters/*.md, appendix_*.md)")
-    ap.add_argument("--out", default="accelerator-report", help="output folder (default: accelerator-report)")
-    ap.add_argument("--allow-cpu", action="store_true", help="run even if JAX finds no GPU/TPU (a dry run)")
-    ap.add_argument("--wheels", help="folder of wheels for packages this machine lacks (installed offline)")
-    ap.add_argument("--check", action="store_true", help="only report devices and missing packages")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="See the module docstring (or the book's 'Tested on' page) for details.",
+    )
+    ap.add_argument(
+        "chapters",
+        nargs="*",
+        help="chapter sources to execute (default: chapters/*.md, appendix_*.md)",
+    )
+    ap.add_argument(
+        "--out",
+        default="accelerator-report",
+        help="output folder (default: accelerator-report)",
+    )
+    ap.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="run even if JAX finds no GPU/TPU (a dry run)",
+    )
+    ap.add_argument(
+        "--wheels",
+        help="folder of wheels for packages this machine lacks (installed offline)",
+    )
+    ap.add_argument(
+        "--check", action="store_true", help="only report devices and missing packages"
+    )
     ap.add_argument("--skip-chapters", action="store_true")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--skip-benchmark", action="store_true")
-    ap.add_argument("--chapter-timeout", type=int, default=1200, help="seconds per chapter (default 1200)")
-    ap.add_argument("--test-timeout", type=int, default=3600, help="seconds for the test suite (default 3600)")
-    ap.add_argument("--pytest-args", default="tests", help="arguments for pytest (default: 'tests')")
-    ap.add_argument("--benchmark-args", default="--quick",
-                    help="arguments for benchmarks/laplacian.py (default: '--quick'; '' for the full sizes)")
+    ap.add_argument(
+        "--chapter-timeout",
+        type=int,
+        default=1200,
+        help="seconds per chapter (default 1200)",
+    )
+    ap.add_argument(
+        "--test-timeout",
+        type=int,
+        default=3600,
+        help="seconds for the test suite (default 3600)",
+    )
+    ap.add_argument(
+        "--pytest-args", default="tests", help="arguments for pytest (default: 'tests')"
+    )
+    ap.add_argument(
+        "--benchmark-args",
+        default="--quick",
+        help="arguments for benchmarks/laplacian.py (default: '--quick'; '' for the full sizes)",
+    )
     ns = ap.parse_args(argv)
 
     out = Path(ns.out).resolve()
@@ -504,32 +673,53 @@ def main(argv: list[str] | None = None) -> int:
     if ns.wheels:
         wheels = install_wheels(Path(ns.wheels).resolve(), out / "site-packages")
         extra.append(out / "site-packages")
-        print(f"[accel] wheels installed: {wheels['installed'] or 'none'}; skipped: {len(wheels['skipped'])}")
+        print(
+            f"[accel] wheels installed: {wheels['installed'] or 'none'}; skipped: {len(wheels['skipped'])}"
+        )
     write_kernel_spec(out / "jupyter")
     env = run_environment(extra, out / "jupyter")
-    os.environ.update({k: env[k] for k in ("XLA_PYTHON_CLIENT_PREALLOCATE", "MPLBACKEND", "PYTHONPATH",
-                                           "JUPYTER_PATH", "PYTHONUNBUFFERED")})  # kernels inherit this
+    os.environ.update(
+        {
+            k: env[k]
+            for k in (
+                "XLA_PYTHON_CLIENT_PREALLOCATE",
+                "MPLBACKEND",
+                "PYTHONPATH",
+                "JUPYTER_PATH",
+                "PYTHONUNBUFFERED",
+            )
+        }
+    )  # kernels inherit this
     for p in reversed([ROOT / "src", ROOT, *extra]):
         sys.path.insert(0, str(p))
 
     info = probe(env)
     missing = [m for m, v in info["packages"].items() if not v]
-    print(f"[accel] JAX {info['jax']} (jaxlib {info['jaxlib']}), Python {info['python']}: "
-          f"{info['device_count']} x {info['device_kind']} ({info['platform']}); smoke test on {info.get('smoke_device')}")
+    print(
+        f"[accel] JAX {info['jax']} (jaxlib {info['jaxlib']}), Python {info['python']}: "
+        f"{info['device_count']} x {info['device_kind']} ({info['platform']}); smoke test on {info.get('smoke_device')}"
+    )
     if missing:
-        print(f"[accel] missing packages: {', '.join(missing)}\n        {pip_download_line(missing)}")
+        print(
+            f"[accel] missing packages: {', '.join(missing)}\n        {pip_download_line(missing)}"
+        )
     if ns.check:
         return 0
     if info["platform"] == "cpu" and not ns.allow_cpu:
-        print("[accel] JAX found no GPU or TPU here (default backend: cpu). Install JAX for the accelerator, "
-              "or pass --allow-cpu for a dry run on CPU.", file=sys.stderr)
+        print(
+            "[accel] JAX found no GPU or TPU here (default backend: cpu). Install JAX for the accelerator, "
+            "or pass --allow-cpu for a dry run on CPU.",
+            file=sys.stderr,
+        )
         return 2
 
     lacking = [m for m in REQUIRED_TO_RUN if m in missing]
     if lacking:
-        print(f"[accel] {', '.join(lacking)} missing: the chapters run in a Jupyter kernel (nbclient) "
-              f"and are read with jupytext. Fetch them with\n        {pip_download_line(lacking)}",
-              file=sys.stderr)
+        print(
+            f"[accel] {', '.join(lacking)} missing: the chapters run in a Jupyter kernel (nbclient) "
+            f"and are read with jupytext. Fetch them with\n        {pip_download_line(lacking)}",
+            file=sys.stderr,
+        )
         return 2
     sources = [Path(p).resolve() for p in ns.chapters] or default_sources()
     chapters: list[ChapterResult] = []
@@ -538,15 +728,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[accel] executing {source.name} ...", flush=True)
             res = run_chapter_nbclient(source, ns.chapter_timeout, out / "executed")
             chapters.append(res)
-            print(f"[accel]   {'pass' if res.ok else 'FAIL'} in {res.seconds:.1f} s on {res.platform}"
-                  + (f": {res.failure[:300]}" if res.failure else ""), flush=True)
+            print(
+                f"[accel]   {'pass' if res.ok else 'FAIL'} in {res.seconds:.1f} s on {res.platform}"
+                + (f": {res.failure[:300]}" if res.failure else ""),
+                flush=True,
+            )
     if ns.skip_tests:
         tests = TestResult(False, note="Not run (`--skip-tests`).")
     else:
         print("[accel] running the test suite ...", flush=True)
         tests = run_tests(env, out, shlex.split(ns.pytest_args), ns.test_timeout)
-        print(f"[accel]   {tests.passed} passed, {tests.failed} failed, {tests.errors} errors, "
-              f"{tests.skipped} skipped in {tests.seconds:.0f} s", flush=True)
+        print(
+            f"[accel]   {tests.passed} passed, {tests.failed} failed, {tests.errors} errors, "
+            f"{tests.skipped} skipped in {tests.seconds:.0f} s",
+            flush=True,
+        )
     if ns.skip_benchmark:
         bench = BenchmarkResult(False, note="`--skip-benchmark` was given")
     else:
@@ -556,7 +752,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "date": now.date().isoformat(),
         "timestamp": now.strftime("%Y-%m-%d %H:%M"),
-        "command": "python tools/accelerator_run.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+        "command": "python tools/accelerator_run.py "
+        + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
         "environment": info,
         "wheels": wheels,
         "chapters": [asdict(c) for c in chapters],
@@ -566,7 +763,11 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "report.md").write_text(render_markdown(report))
     print(f"[accel] wrote {out / 'report.md'} and {out / 'report.json'}")
-    ok = all(c.ok for c in chapters) and not tests.failures and (not bench.ran or bench.ok)
+    ok = (
+        all(c.ok for c in chapters)
+        and not tests.failures
+        and (not bench.ran or bench.ok)
+    )
     return 0 if ok else 1
 
 

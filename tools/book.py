@@ -60,7 +60,9 @@ def repository() -> tuple[str, str]:
 
 def jax_floor() -> str:
     """The oldest supported JAX version, from the package's ``jax>=`` requirement."""
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
     for dep in deps:
         m = re.fullmatch(r"jax\s*>=\s*([0-9.]+)", dep.strip())
         if m:
@@ -85,7 +87,7 @@ def colab_install_cell() -> str:
     Every line fits 88 columns, like every other code line of the book.
     """
     url, branch = repository()
-    return f'''# On Colab: install the book's helper package. Colab's own JAX stays as it is:
+    return f"""# On Colab: install the book's helper package. Colab's own JAX stays as it is:
 # every installed jax* package is pinned with a pip constraint. Elsewhere this cell
 # does nothing.
 import importlib.metadata, importlib.util, subprocess, sys
@@ -100,7 +102,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("beyondgrad") is N
     repo = "git+{url}@{branch}"
     pip = [sys.executable, "-m", "pip", "install", "-q"]
     pip += ["--constraint", "/tmp/keep-colab-jax.txt"]
-    subprocess.run([*pip, f"beyondgrad[chapters] @ {{repo}}"], check=True)'''
+    subprocess.run([*pip, f"beyondgrad[chapters] @ {{repo}}"], check=True)"""
 
 
 def sync_install_cell(source: Path) -> bool:
@@ -113,7 +115,9 @@ def sync_install_cell(source: Path) -> bool:
     code = [c for c in jupytext.read(source).cells if c.cell_type == "code"]
     want = colab_install_cell()
     if not code or code[0].source == want or "google.colab" not in code[0].source:
-        return False  # no install cell to update (tests/test_book.py says what is missing)
+        return (
+            False  # no install cell to update (tests/test_book.py says what is missing)
+        )
     text = source.read_text()
     if code[0].source not in text:
         return False
@@ -125,7 +129,9 @@ def _github_org_repo() -> tuple[str, str]:
     url, _ = repository()
     m = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?", url)
     if not m:
-        raise ValueError(f"repository.url must be a https://github.com/ORG/REPO URL, got {url!r}")
+        raise ValueError(
+            f"repository.url must be a https://github.com/ORG/REPO URL, got {url!r}"
+        )
     return m.group(1), m.group(2)
 
 
@@ -162,7 +168,9 @@ def cached_execution(source: Path):
     except KeyError:
         return None
     # The cache keeps code cells and their outputs; the prose comes from the source.
-    cached = [c for c in cache.get_cache_bundle(record.pk).nb.cells if c.cell_type == "code"]
+    cached = [
+        c for c in cache.get_cache_bundle(record.pk).nb.cells if c.cell_type == "code"
+    ]
     code = [c for c in nb.cells if c.cell_type == "code"]
     if len(cached) != len(code):
         return None
@@ -210,7 +218,9 @@ def solution_exercise(cell_source: str) -> str:
 
 
 def is_solution(cell) -> bool:
-    return cell.get("cell_type") == "code" and SOLUTION_TAG in cell.get("metadata", {}).get("tags", [])
+    return cell.get("cell_type") == "code" and SOLUTION_TAG in cell.get(
+        "metadata", {}
+    ).get("tags", [])
 
 
 def html_base_url() -> str:
@@ -255,7 +265,9 @@ def _read_chapter(source: Path):
     import jupytext
 
     nb = jupytext.read(source)
-    for i, cell in enumerate(nb.cells):  # stable ids: a re-sync of an unchanged chapter is a no-op
+    for i, cell in enumerate(
+        nb.cells
+    ):  # stable ids: a re-sync of an unchanged chapter is a no-op
         cell["id"] = f"cell-{i:03d}"
     nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,md:myst"
     nb.metadata["colab"] = {"provenance": []}
@@ -292,9 +304,15 @@ def student_notebook(source: Path) -> dict:
         if not is_solution(cell):
             cells.append(cell)
             continue
-        if cells and cells[-1].cell_type == "markdown" and cells[-1].source.strip() in SOLUTION_HEADINGS:
+        if (
+            cells
+            and cells[-1].cell_type == "markdown"
+            and cells[-1].source.strip() in SOLUTION_HEADINGS
+        ):
             cells.pop()  # the "**Solution**" line announcing the cell: the pointer says it
-        pointer = nbformat.v4.new_markdown_cell(solution_pointer(source, solution_exercise(cell.source)))
+        pointer = nbformat.v4.new_markdown_cell(
+            solution_pointer(source, solution_exercise(cell.source))
+        )
         pointer["id"] = cell["id"]
         cells.append(pointer)
     nb.cells = cells
@@ -303,9 +321,21 @@ def student_notebook(source: Path) -> dict:
     return _as_json(nb)
 
 
+def solution_exercises(source: Path) -> list[str]:
+    """The exercise numbers (``"N.k"``) of the chapter's solution cells, in order."""
+    return [
+        solution_exercise(c.source)
+        for c in _read_chapter(source).cells
+        if is_solution(c)
+    ]
+
+
 def notebook_sets(source: Path) -> dict[Path, dict]:
     """Every generated notebook of a chapter: {path: notebook JSON}."""
-    return {source.with_suffix(".ipynb"): md_to_notebook(source), student_path(source): student_notebook(source)}
+    return {
+        source.with_suffix(".ipynb"): md_to_notebook(source),
+        student_path(source): student_notebook(source),
+    }
 
 
 def _cells(nb: dict) -> list[tuple[str, str, str]]:
@@ -326,10 +356,16 @@ def pair_problems(source: Path) -> list[str]:
             problems.append(f"{name} is missing: run `python3 dev.py sync`")
             continue
         nb = json.loads(path.read_text())
-        if any(c.get("outputs") or c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code"):
+        if any(
+            c.get("outputs") or c.get("execution_count")
+            for c in nb["cells"]
+            if c["cell_type"] == "code"
+        ):
             problems.append(f"{name} carries outputs: run `python3 dev.py sync`")
         if _cells(nb) != _cells(want):
-            problems.append(f"{name} is out of sync with {source.name}: run `python3 dev.py sync`")
+            problems.append(
+                f"{name} is out of sync with {source.name}: run `python3 dev.py sync`"
+            )
     return problems
 
 

@@ -62,9 +62,13 @@ CHROMIUM_ARGS = [
 LOCAL_HOST = "127.0.0.1"
 # What the built pages load MathJax 3 from (sphinx's default mathjax_path, which
 # jupyter-book keeps): https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js
-MATHJAX_CDN = re.compile(r"https://cdn\.jsdelivr\.net/npm/mathjax@3[^/]*/es5/(?P<path>[^?#]+)")
+MATHJAX_CDN = re.compile(
+    r"https://cdn\.jsdelivr\.net/npm/mathjax@3[^/]*/es5/(?P<path>[^?#]+)"
+)
 PAGE_TIMEOUT_MS = 30_000
-REFRESH = re.compile(r'<meta\s+http-equiv="refresh"\s+content="\d+;\s*url=(?P<url>[^"]+)"', re.IGNORECASE)
+REFRESH = re.compile(
+    r'<meta\s+http-equiv="refresh"\s+content="\d+;\s*url=(?P<url>[^"]+)"', re.IGNORECASE
+)
 
 
 def html_pages(root: Path) -> list[str]:
@@ -95,8 +99,10 @@ def missing_requirements() -> list[str]:
     """What the browser checks need and this machine lacks (empty when they can run)."""
     missing = []
     if chromium_executable() is None:
-        missing.append("Chromium (Debian: `apt-get install -y chromium`; or name a Chromium-based "
-                       "browser in BEYONDGRAD_CHROMIUM)")
+        missing.append(
+            "Chromium (Debian: `apt-get install -y chromium`; or name a Chromium-based "
+            "browser in BEYONDGRAD_CHROMIUM)"
+        )
     if importlib.util.find_spec("playwright") is None:
         missing.append("the Python package `playwright` (in requirements.txt)")
     return missing
@@ -109,7 +115,9 @@ def local_mathjax_dir(html_root: Path | None = None) -> Path | None:
         candidates.append(Path(os.environ["BEYONDGRAD_MATHJAX"]))
     spec = importlib.util.find_spec("sphinx-mathjax-offline")
     if spec is not None and spec.submodule_search_locations:
-        candidates += [Path(p) / "static" / "mathjax" for p in spec.submodule_search_locations]
+        candidates += [
+            Path(p) / "static" / "mathjax" for p in spec.submodule_search_locations
+        ]
     if html_root is not None:
         candidates.append(html_root / "_static" / "mathjax")
     for folder in candidates:
@@ -123,13 +131,14 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-
 @contextlib.contextmanager
 def serve(root: Path) -> Iterator[str]:
     """Serve ``root`` on 127.0.0.1 (a free port) in a thread; yield its base URL."""
     handler = functools.partial(_QuietHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer((LOCAL_HOST, 0), handler)
-    thread = threading.Thread(target=server.serve_forever, name="book-http", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, name="book-http", daemon=True
+    )
     thread.start()
     try:
         yield f"http://{LOCAL_HOST}:{server.server_address[1]}/"
@@ -194,8 +203,12 @@ def check_images(page) -> list[str]:
     problems = []
     for img in page.evaluate(_IMAGES_JS):
         src = img["src"]
-        if urlparse(src).hostname not in (LOCAL_HOST, None) and not src.startswith("data:"):
-            problems.append(f"image from an external host (not shipped with the book): {src}")
+        if urlparse(src).hostname not in (LOCAL_HOST, None) and not src.startswith(
+            "data:"
+        ):
+            problems.append(
+                f"image from an external host (not shipped with the book): {src}"
+            )
         elif not img["complete"] or img["width"] == 0:
             problems.append(f"image did not load (naturalWidth 0): {src}")
         if img["inArticle"] and not (img["alt"] or "").strip():
@@ -233,7 +246,9 @@ def check_math(page, mathjax_src: str | None, have_local_mathjax: bool) -> list[
         return []
     if mathjax_src is None:
         return [f"{count} formulas but no MathJax script on the page"]
-    if urlparse(mathjax_src).hostname != LOCAL_HOST and not (MATHJAX_CDN.match(mathjax_src) and have_local_mathjax):
+    if urlparse(mathjax_src).hostname != LOCAL_HOST and not (
+        MATHJAX_CDN.match(mathjax_src) and have_local_mathjax
+    ):
         return [
             f"MathJax comes from {mathjax_src}, which this machine cannot reach, and no local MathJax 3 "
             "was found: install `sphinx-mathjax-offline` or set BEYONDGRAD_MATHJAX to a folder holding tex-mml-chtml.js"
@@ -244,8 +259,12 @@ def check_math(page, mathjax_src: str | None, have_local_mathjax: bool) -> list[
             timeout=PAGE_TIMEOUT_MS,
         )
         page.evaluate("() => window.MathJax.startup.promise.then(() => true)")
-    except Exception as e:  # playwright's TimeoutError/Error: report, don't crash the other checks
-        return [f"MathJax did not start within {PAGE_TIMEOUT_MS / 1000:.0f} s: {str(e).splitlines()[0]}"]
+    except (
+        Exception
+    ) as e:  # playwright's TimeoutError/Error: report, don't crash the other checks
+        return [
+            f"MathJax did not start within {PAGE_TIMEOUT_MS / 1000:.0f} s: {str(e).splitlines()[0]}"
+        ]
     problems = []
     for m in page.evaluate(_MATH_JS):
         if not m["typeset"]:
@@ -262,7 +281,9 @@ def check_hidden_collapsed(page) -> list[str]:
         if not cell["hasDetails"]:
             problems.append(f"{where} has no collapsible <details>")
         elif cell["open"] or cell["hiddenShown"]:
-            problems.append(f"{where} is expanded on load; it must be collapsed by default")
+            problems.append(
+                f"{where} is expanded on load; it must be collapsed by default"
+            )
     return problems
 
 
@@ -272,7 +293,11 @@ def expected_hide_input_cells(source: Path) -> int:
     count = 0
     for cell in nb["cells"]:
         tags = set(cell.get("metadata", {}).get("tags", []))
-        if cell["cell_type"] == "code" and "hide-input" in tags and not tags & {"remove-cell", "remove-input"}:
+        if (
+            cell["cell_type"] == "code"
+            and "hide-input" in tags
+            and not tags & {"remove-cell", "remove-input"}
+        ):
             count += 1
     return count
 
@@ -282,17 +307,23 @@ def check_chapter(page, rel: str, context) -> list[str]:
     problems = []
     source = ROOT / Path(rel).with_suffix(".md")
     if not source.exists():
-        return [f"no source {source.relative_to(ROOT)} in the repository for this chapter page"]
+        return [
+            f"no source {source.relative_to(ROOT)} in the repository for this chapter page"
+        ]
 
     expected = book.colab_url(source)
     colab_links = page.eval_on_selector_all(
         "a[href*='colab.research.google.com']", "els => els.map(e => e.href)"
     )
     if expected not in colab_links:
-        problems.append(f"no Colab launch link to {expected} (found {colab_links or 'none'})")
+        problems.append(
+            f"no Colab launch link to {expected} (found {colab_links or 'none'})"
+        )
     ipynb = source.with_suffix(".ipynb")
     if not ipynb.exists():
-        problems.append(f"{ipynb.relative_to(ROOT)} (what Colab opens) is missing: run `python3 dev.py sync`")
+        problems.append(
+            f"{ipynb.relative_to(ROOT)} (what Colab opens) is missing: run `python3 dev.py sync`"
+        )
 
     launch = page.locator(".dropdown-launch-buttons button.dropdown-toggle")
     if launch.count() == 0:
@@ -314,16 +345,22 @@ def check_chapter(page, rel: str, context) -> list[str]:
         else:
             response = context.request.get(href)
             if response.status != 200:
-                problems.append(f"the .ipynb download {href} answers HTTP {response.status}")
+                problems.append(
+                    f"the .ipynb download {href} answers HTTP {response.status}"
+                )
             else:
                 try:
                     nb = json.loads(response.body())
                 except ValueError:
                     nb = None
-                if not isinstance(nb, dict) or "cells" not in nb or "nbformat" not in nb:
+                if (
+                    not isinstance(nb, dict)
+                    or "cells" not in nb
+                    or "nbformat" not in nb
+                ):
                     problems.append(f"the .ipynb download {href} is not a notebook")
 
-    if any(book.is_solution(c) for c in book.md_to_notebook(source)["cells"]):
+    if book.solution_exercises(source):
         student = book.student_colab_url(source)
         link = page.locator(f"a[href='{student}']")
         if link.count() == 0:
@@ -331,7 +368,9 @@ def check_chapter(page, rel: str, context) -> list[str]:
         elif not link.first.is_visible():
             problems.append("the link to the student notebook is not visible")
         if not book.student_path(source).exists():
-            problems.append(f"{book.student_path(source).relative_to(ROOT)} is missing: run `python3 dev.py sync`")
+            problems.append(
+                f"{book.student_path(source).relative_to(ROOT)} is missing: run `python3 dev.py sync`"
+            )
 
     expected_hidden = expected_hide_input_cells(source)
     found_hidden = page.locator(".cell.tag_hide-input").count()
@@ -342,7 +381,9 @@ def check_chapter(page, rel: str, context) -> list[str]:
     return problems
 
 
-def check_page(page, rel: str, url: str, context, screenshot_dir: Path, mathjax_dir: Path | None):
+def check_page(
+    page, rel: str, url: str, context, screenshot_dir: Path, mathjax_dir: Path | None
+):
     """Open one page, screenshot it and run every check on it; return (problems, screenshot)."""
     page.goto(url, wait_until="load")
     problems = check_images(page) + check_figures(page)
@@ -359,10 +400,14 @@ def check_page(page, rel: str, url: str, context, screenshot_dir: Path, mathjax_
 
 
 def is_local(url: str) -> bool:
-    return urlparse(url).hostname == LOCAL_HOST or url.startswith(("data:", "blob:", "about:"))
+    return urlparse(url).hostname == LOCAL_HOST or url.startswith(
+        ("data:", "blob:", "about:")
+    )
 
 
-def visit(browser, root: Path, base_url: str, rel: str, screenshot_dir: Path) -> tuple[list[str], Path | None]:
+def visit(
+    browser, root: Path, base_url: str, rel: str, screenshot_dir: Path
+) -> tuple[list[str], Path | None]:
     """Open ``rel`` (a page of ``root`` served at ``base_url``) and return (problems, screenshot).
 
     Requests to hosts other than 127.0.0.1 are blocked (MathJax's CDN is answered from a
@@ -381,15 +426,24 @@ def visit(browser, root: Path, base_url: str, rel: str, screenshot_dir: Path) ->
             target = (mathjax_dir / m.group("path")).resolve()
             if target.is_file() and target.is_relative_to(mathjax_dir):
                 return r.fulfill(path=str(target))
-        return r.abort("blockedbyclient")  # no network here: every other host is blocked
+        return r.abort(
+            "blockedbyclient"
+        )  # no network here: every other host is blocked
 
     def on_console(msg):
         if msg.type != "error":
             return
         where = (msg.location or {}).get("url", "")
-        if msg.text.startswith("Failed to load resource") and where and not is_local(where):
+        if (
+            msg.text.startswith("Failed to load resource")
+            and where
+            and not is_local(where)
+        ):
             return  # a request to an external host, blocked above
-        errors.append(f"console error: {msg.text}" + (f" ({where}:{msg.location.get('lineNumber')})" if where else ""))
+        errors.append(
+            f"console error: {msg.text}"
+            + (f" ({where}:{msg.location.get('lineNumber')})" if where else "")
+        )
 
     def on_response(response):
         if is_local(response.url) and response.status >= 400:
@@ -419,14 +473,18 @@ def visit(browser, root: Path, base_url: str, rel: str, screenshot_dir: Path) ->
             page.wait_for_url(target, wait_until="load")
             problems: list[str] = []
         else:
-            problems, shot = check_page(page, rel, base_url + rel, context, screenshot_dir, mathjax_dir)
+            problems, shot = check_page(
+                page, rel, base_url + rel, context, screenshot_dir, mathjax_dir
+            )
         page.wait_for_timeout(200)  # let late console messages arrive
     finally:
         context.close()
     return errors + problems, shot
 
 
-def check_build(html_root: Path, screenshots: Path | None = None) -> dict[str, list[str]]:
+def check_build(
+    html_root: Path, screenshots: Path | None = None
+) -> dict[str, list[str]]:
     """Open every page of the build at ``html_root``; return {page: problems} (empty: all fine)."""
     from playwright.sync_api import sync_playwright
 
@@ -440,7 +498,9 @@ def check_build(html_root: Path, screenshots: Path | None = None) -> dict[str, l
     found: dict[str, list[str]] = {}
     try:
         with serve(html_root) as base_url, sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_ARGS, headless=True)
+            browser = pw.chromium.launch(
+                executable_path=chromium_executable(), args=CHROMIUM_ARGS, headless=True
+            )
             try:
                 for rel in pages:
                     problems, _ = visit(browser, html_root, base_url, rel, folder)
@@ -463,8 +523,16 @@ def main(argv: list[str]) -> int:
     html_root = Path(argv[0]).resolve() if argv else book.build_dir() / "html"
     missing = missing_requirements()
     if missing:
-        under_ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-        print(f"[browser] {'FAIL' if under_ci else 'skipped'}: the browser checks need " + " and ".join(missing))
+        under_ci = os.environ.get("CI", "").strip().lower() not in (
+            "",
+            "0",
+            "false",
+            "no",
+        )
+        print(
+            f"[browser] {'FAIL' if under_ci else 'skipped'}: the browser checks need "
+            + " and ".join(missing)
+        )
         return 1 if under_ci else 0
     keep = os.environ.get("BEYONDGRAD_SCREENSHOTS")
     t0 = time.perf_counter()
@@ -472,8 +540,10 @@ def main(argv: list[str]) -> int:
     pages = len(html_pages(html_root))
     for rel, problems in found.items():
         print(f"[browser] {rel}:\n  - " + "\n  - ".join(problems))
-    print(f"[browser] {pages} pages of {html_root} checked in Chromium in {time.perf_counter() - t0:.0f} s: "
-          + ("no problems" if not found else f"{len(found)} with problems"))
+    print(
+        f"[browser] {pages} pages of {html_root} checked in Chromium in {time.perf_counter() - t0:.0f} s: "
+        + ("no problems" if not found else f"{len(found)} with problems")
+    )
     return 1 if found else 0
 
 

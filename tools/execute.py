@@ -19,6 +19,7 @@ from tools.book import (
     cached_execution,
     chapter_sources,
     expected_exception,
+    solution_exercises,
     student_path,
 )
 
@@ -29,7 +30,9 @@ def test_cache() -> Path:
 
 
 def _newest_input_mtime(source: Path) -> float:
-    package = max(p.stat().st_mtime for p in (ROOT / "src" / "beyondgrad").rglob("*.py"))
+    package = max(
+        p.stat().st_mtime for p in (ROOT / "src" / "beyondgrad").rglob("*.py")
+    )
     return max(source.stat().st_mtime, package)
 
 
@@ -40,7 +43,10 @@ def execute(source: Path, timeout: int = 600):
 
     nb = jupytext.read(source)
     client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(source.parent)}}
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(source.parent)}},
     )
     t0 = time.perf_counter()
     client.execute()
@@ -83,7 +89,10 @@ def executed_student_notebook(source: Path, timeout: int = 600):
         return nbformat.read(candidate, as_version=4)
     nb = nbformat.read(student, as_version=4)
     client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(student.parent)}}
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(student.parent)}},
     )
     client.execute()
     candidate.parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +116,9 @@ def error_cells(nb) -> list[ErrorCell]:
         if cell.cell_type == "markdown":
             prose = cell.source
             continue
-        if cell.cell_type != "code" or "raises-exception" not in cell.metadata.get("tags", []):
+        if cell.cell_type != "code" or "raises-exception" not in cell.metadata.get(
+            "tags", []
+        ):
             continue
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         found.append(
@@ -121,27 +132,26 @@ def error_cells(nb) -> list[ErrorCell]:
     return found
 
 
-def has_solutions(source: Path) -> bool:
-    import nbformat
-
-    nb = nbformat.read(student_path(source), as_version=4) if student_path(source).exists() else None
-    return nb is not None and any("#exercises)" in c.source for c in nb.cells if c.cell_type == "markdown")
-
-
 def run_student_notebooks(sources: list[Path]) -> int:
     """Execute (or find fresh in the cache) the student notebook of each chapter with exercises."""
     worst = 0
     for source in sources:
-        if not has_solutions(source):
+        if not solution_exercises(source):
             continue
         t0 = time.perf_counter()
         try:
             executed_student_notebook(source)
         except Exception as e:  # the test (tests/test_notebooks.py) reports it in full
-            print(f"[student] FAIL {student_path(source).name}: {type(e).__name__}: {str(e)[-500:]}", flush=True)
+            print(
+                f"[student] FAIL {student_path(source).name}: {type(e).__name__}: {str(e)[-500:]}",
+                flush=True,
+            )
             worst = 1
             continue
-        print(f"[student] ok {student_path(source).name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        print(
+            f"[student] ok {student_path(source).name}: {time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
     return worst
 
 
@@ -152,7 +162,9 @@ def main(paths: list[str]) -> int:
     the build folder, where tests/test_notebooks.py finds them).
     """
     if paths[:1] == ["--student"]:
-        return run_student_notebooks([Path(p).resolve() for p in paths[1:]] or chapter_sources())
+        return run_student_notebooks(
+            [Path(p).resolve() for p in paths[1:]] or chapter_sources()
+        )
     sources = [Path(p).resolve() for p in paths] or chapter_sources()
     worst = 0
     for source in sources:
@@ -162,11 +174,17 @@ def main(paths: list[str]) -> int:
             print(f"FAIL {source.name}: {type(e).__name__}: {str(e)[-2000:]}")
             worst = 1
             continue
-        bad = [c for c in error_cells(nb) if c.expected is None or c.raised != c.expected]
+        bad = [
+            c for c in error_cells(nb) if c.expected is None or c.raised != c.expected
+        ]
         status = "ok" if not bad else "ERROR-CELLS"
-        print(f"{status} {source.name}: {seconds:.1f} s, {len(error_cells(nb))} error cell(s)")
+        print(
+            f"{status} {source.name}: {seconds:.1f} s, {len(error_cells(nb))} error cell(s)"
+        )
         for c in bad:
-            print(f"   cell {c.index}: expected {c.expected} (add '# raises X' first line), raised {c.raised}")
+            print(
+                f"   cell {c.index}: expected {c.expected} (add '# raises X' first line), raised {c.raised}"
+            )
         worst = max(worst, 1 if bad else 0)
     return worst
 
