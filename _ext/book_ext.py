@@ -237,7 +237,7 @@ def dedupe_inline_scripts(
     Sphinx 7.4 adds an inline script registered after ``Builder.init()`` (sphinx-thebe's
     ``const THEBE_JS_URL``, sphinx-togglebutton's selector) twice, once with filename
     ``None`` and once with ``''``; the second ``const`` declaration is a JavaScript
-    SyntaxError on every page (tests/test_browser.py catches it).
+    SyntaxError on every page (the browser checks of tools/browser.py catch it).
     """
     seen, unique = set(), []
     for js in context.get("script_files", []):
