@@ -20,6 +20,7 @@ from pathlib import Path
 
 from docutils import nodes
 from sphinx.application import Sphinx
+from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +33,7 @@ from tools.book import (  # noqa: E402
     student_path,
 )
 
+LOGGER = logging.getLogger(__name__)
 STATUS_DOC = "status"
 #: Packages whose installed versions the status page records for the build environment.
 BUILD_PACKAGES = ("jax", "jaxlib", "folx", "numpy")
@@ -187,9 +189,7 @@ def add_student_notebook_link(app: Sphinx, doctree: nodes.document) -> None:
         return
     if not solution_exercises(source):
         return
-    from sphinx.util import logging
-
-    logger = logging.getLogger(__name__)
+    logger = LOGGER
     if not student_path(source).exists():
         logger.warning(
             f"{student_path(source).name} is missing: run `python3 dev.py sync`",

@@ -303,3 +303,84 @@ def test_glossary_types_are_the_ones_jax_prints():
         printed["Explicit"],
     } <= in_glossary
     assert in_glossary <= set(printed.values()), in_glossary - set(printed.values())
+
+
+# --------------------------------------------------------------------------- the student link
+
+
+def _chapter_doctree(*titles: str):
+    from docutils import nodes
+    from docutils.frontend import get_default_settings
+    from docutils.parsers.rst import Parser
+    from docutils.utils import new_document
+
+    doc = new_document("chapter", get_default_settings(Parser))
+    for title in titles:
+        section = nodes.section()
+        section += nodes.title(text=title)
+        section += nodes.paragraph(text=f"about {title}")
+        doc += section
+    return doc
+
+
+class _Env:
+    def __init__(self, source: Path):
+        self.docname = source.relative_to(book.ROOT).with_suffix("").as_posix()
+        self._source = source
+
+    def doc2path(self, docname):
+        return str(self._source)
+
+
+class _App:
+    def __init__(self, source: Path):
+        self.env = _Env(source)
+
+
+@pytest.fixture
+def book_ext(monkeypatch):
+    sys.path.insert(0, str(book.ROOT / "_ext"))
+    import book_ext
+
+    sys.path.remove(str(book.ROOT / "_ext"))
+    warnings: list[str] = []
+    monkeypatch.setattr(
+        book_ext.LOGGER, "warning", lambda msg, **kw: warnings.append(msg)
+    )
+    monkeypatch.setattr(book_ext, "solution_exercises", lambda source: ["1.1"])
+    book_ext.warnings_seen = warnings
+    return book_ext
+
+
+def test_student_link_opens_the_exercises_section(book_ext):
+    from docutils import nodes
+
+    source = SOURCES[-1]
+    doc = _chapter_doctree("Summary", "Exercises")
+    book_ext.add_student_notebook_link(_App(source), doc)
+    sections = list(doc.children)
+    assert [len(s.children) for s in sections] == [2, 3]  # title, box, paragraph
+    box = sections[1][1]
+    assert "student-notebook" in box["classes"]
+    links = [n["refuri"] for n in box.findall(nodes.reference)]
+    assert links == [book.student_colab_url(source)]
+    assert book_ext.warnings_seen == []
+
+
+def test_student_link_without_an_exercises_section_warns(book_ext):
+    from docutils import nodes
+
+    doc = _chapter_doctree("Summary", "Exercises for later")
+    book_ext.add_student_notebook_link(_App(SOURCES[-1]), doc)
+    assert (
+        len(book_ext.warnings_seen) == 1
+        and "no '## Exercises' section" in book_ext.warnings_seen[0]
+    )
+    assert not list(doc.findall(nodes.admonition))
+
+
+def test_no_student_link_without_solutions(book_ext, monkeypatch):
+    monkeypatch.setattr(book_ext, "solution_exercises", lambda source: [])
+    doc = _chapter_doctree("Exercises")
+    book_ext.add_student_notebook_link(_App(SOURCES[-1]), doc)
+    assert len(doc.children[0].children) == 2 and book_ext.warnings_seen == []
