@@ -177,3 +177,56 @@ def test_lint_covers_the_code(monkeypatch):
         "--check",
     ]
     assert {"src", "tests", "tools", "benchmarks", "dev.py"} <= set(check) & set(fmt)
+
+
+class _Popen:
+    started: list[list[str]] = []
+
+    def __init__(self, cmd, **kw):
+        _Popen.started.append([str(c) for c in cmd])
+
+    def wait(self):
+        return 0
+
+
+@pytest.mark.parametrize(
+    "rcs, expected", [((0, 0), 0), ((1, 0), 1), ((0, 1), 1), ((5, 0), 5)]
+)
+def test_whole_suite_runs_the_student_notebooks_beside_it(monkeypatch, rcs, expected):
+    calls: list[list[str]] = []
+    results = iter(rcs)
+
+    def run(cmd, **kw):
+        calls.append([str(c) for c in cmd])
+        return subprocess.CompletedProcess(cmd, next(results))
+
+    monkeypatch.setattr(dev.subprocess, "run", run)
+    monkeypatch.setattr(dev.subprocess, "Popen", _Popen)
+    _Popen.started = []
+    py = Path("/venv/bin/python")
+    assert dev.cmd_test(py, [], dev.build_dir("newest")) == expected
+    assert _Popen.started == [[str(py), "-m", "tools.execute", "--student"]]
+    rest, students = calls
+    assert (
+        rest[-2:] == ["--deselect", dev.STUDENT_TEST]
+        and students[-1] == dev.STUDENT_TEST
+    )
+    assert (
+        dev.STUDENT_TEST.split("::")[1]
+        in (book.ROOT / "tests" / "test_notebooks.py").read_text()
+    )
+
+
+def test_selected_tests_run_alone(monkeypatch):
+    calls: list[list[str]] = []
+    monkeypatch.setattr(
+        dev.subprocess,
+        "run",
+        lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0),
+    )
+    monkeypatch.setattr(dev.subprocess, "Popen", _Popen)
+    _Popen.started = []
+    assert (
+        dev.cmd_test(Path("/py"), ["tests/test_book.py"], dev.build_dir("newest")) == 0
+    )
+    assert len(calls) == 1 and _Popen.started == []
