@@ -592,7 +592,7 @@ def render_markdown(report: dict) -> str:
         lines.append(t["note"] or "Not run (`--skip-tests`).")
     else:
         lines.append(
-            f"`pytest tests`: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
+            f"`pytest {report.get('pytest_args', 'tests')}`: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
             f"{t['skipped']} skipped ({t['total']} in all) in {t['seconds']:.0f} s."
         )
         if t["failures"]:
@@ -758,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
         "wheels": wheels,
         "chapters": [asdict(c) for c in chapters],
         "tests": asdict(tests),
+        "pytest_args": ns.pytest_args,
         "benchmark": asdict(bench),
     }
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
