@@ -209,21 +209,22 @@ def retrace_quiz() -> list[Call]:
 def _as_booleans(answer: object, count: int) -> tuple[list[bool] | None, str]:
     """``answer`` as ``count`` Python bools, or ``(None, why not)``."""
     want = f"a list of {count} True/False values (0/1 also work), one per call"
-    if isinstance(answer, (str, bytes)) or np.ndim(answer) == 0:
-        return None, f"answer must be {want}; got {type(answer).__name__} {answer!r}"
     try:
-        arr = (
-            np.asarray(answer, dtype=object).reshape(-1)
-            if np.ndim(answer) == 1
-            else None
-        )
-    except Exception:  # ragged or otherwise not array-like
-        arr = None
-    if arr is None:
+        ndim = np.ndim(answer)
+    except ValueError:  # ragged nesting
+        return None, f"answer must be {want}; got a ragged {type(answer).__name__}"
+    if isinstance(answer, (str, bytes)) or ndim == 0:
+        return None, f"answer must be {want}; got {type(answer).__name__} {answer!r}"
+    if ndim != 1:
+        shape = np.shape(answer)
         return (
             None,
-            f"answer must be {want}; got a {type(answer).__name__} of shape {np.shape(answer)}",
+            f"answer must be {want}; got a {type(answer).__name__} of shape {shape}",
         )
+    if isinstance(answer, (list, tuple)):
+        arr = list(answer)
+    else:  # a NumPy or JAX array: its entries as Python scalars
+        arr = list(np.asarray(answer).astype(object))
     if len(arr) != count:
         return None, f"answer must be {want}; got {len(arr)} value(s)"
     out = []
