@@ -455,3 +455,52 @@ def test_bad_input_gets_a_clear_error(case):
 
 def test_bad_input_table_size():
     assert len(BAD_INPUTS) == 28
+
+
+# --- the compat functions Chapter 1 builds on -------------------------------------------------
+
+
+def test_compat_concrete_value_per_tracer_kind():
+    x = jnp.arange(3.0)
+    seen = {}
+
+    def probe(tag):
+        def f(v):
+            seen[tag] = compat.concrete_value(v)
+            return jnp.sum(v)
+
+        return f
+
+    assert compat.concrete_value(x) is x
+    jax.jit(probe("jit"))(x)
+    jax.grad(probe("grad"))(x)
+    jax.grad(lambda v: jnp.sum(jax.grad(probe("grad(grad)"))(v)))(x)
+    jax.jit(jax.grad(probe("jit(grad)")))(x)
+    jax.vmap(probe("vmap"))(jnp.stack([x, x]))
+    assert seen["jit"] is None and seen["jit(grad)"] is None and seen["vmap"] is None
+    np.testing.assert_array_equal(np.asarray(seen["grad"]), [0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(seen["grad(grad)"]), [0.0, 1.0, 2.0])
+
+
+def test_compat_is_tracer():
+    seen = []
+    jax.jit(lambda v: seen.append(compat.is_tracer(v)) or v)(1.0)
+    assert seen == [True]
+    assert not compat.is_tracer(jnp.ones(2)) and not compat.is_tracer(np.ones(2))
+
+
+def test_compat_jit_cache_size_and_its_bad_input():
+    jitted = jax.jit(lambda v: v * 3)
+    sizes = [compat.jit_cache_size(jitted)]
+    for v in (jnp.ones(2), jnp.ones(2), jnp.ones(3)):
+        jitted(v)
+        sizes.append(compat.jit_cache_size(jitted))
+    assert sizes == [0, 1, 1, 2]
+
+    class NotJitted:  # a fake without the private method: the fallback branch
+        def __call__(self, v):
+            return v
+
+    for bad in (NotJitted(), lambda v: v):
+        with pytest.raises(TypeError, match="expected a function made by jax.jit"):
+            compat.jit_cache_size(bad)
