@@ -16,6 +16,11 @@ from beyondgrad.figures import ch1 as fig1
 FLOOR = compat.jax_version() < (0, 9, 0)
 
 
+def _parse(name):
+    """Name parsing, through the public entry point (``transform``)."""
+    return tracers.transform(f_sin, name)
+
+
 def f_sin(x):
     return jnp.sum(jnp.sin(x))
 
@@ -156,9 +161,11 @@ def test_pytree_arguments_and_argnum():
     assert (o.tracer_type, o.concrete) == ("ArrayImpl", True)
 
 
-def test_parse_transformation_nesting():
-    assert tracers.parse_transformation("jit( grad (vmap))") == ("jit", "grad", "vmap")
-    assert tracers.parse_transformation("eager") == ("eager",)
+def test_nesting_names_allow_spaces():
+    (o,) = tracers.inspect_transformations(
+        f_sin, jnp.asarray(X), transformations=["jit( grad (vmap))"]
+    )
+    assert (o.tracer_type, o.error) == ("BatchTracer", None)
 
 
 # --- the widget callback ---------------------------------------------------------------
@@ -224,7 +231,7 @@ def test_error_tree_is_pinned_on_both_ends():
 
 
 def test_error_classes_agree_with_issubclass():
-    classes = tracers.jax_error_classes()
+    classes = tracers._jax_error_classes()
     assert classes["TracerBoolConversionError"][:3] == [
         "ConcretizationTypeError",
         "JAXTypeError",
@@ -301,44 +308,44 @@ def _obs():
 
 BAD_INPUTS = [
     (
-        "parse: not a str",
-        lambda: tracers.parse_transformation(3),
+        "name: not a str",
+        lambda: _parse(3),
         TypeError,
         "must be a str",
     ),
     (
-        "parse: unknown",
-        lambda: tracers.parse_transformation("pmap"),
+        "name: unknown",
+        lambda: _parse("pmap"),
         ValueError,
         "valid names",
     ),
     (
-        "parse: case",
-        lambda: tracers.parse_transformation("Grad"),
+        "name: case",
+        lambda: _parse("Grad"),
         ValueError,
         "valid names",
     ),
     (
-        "parse: open paren",
-        lambda: tracers.parse_transformation("jit(grad"),
+        "name: open paren",
+        lambda: _parse("jit(grad"),
         ValueError,
         "outer",
     ),
     (
-        "parse: empty inner",
-        lambda: tracers.parse_transformation("jit()"),
+        "name: empty inner",
+        lambda: _parse("jit()"),
         ValueError,
         "outer",
     ),
     (
-        "parse: empty",
-        lambda: tracers.parse_transformation(""),
+        "name: empty",
+        lambda: _parse(""),
         ValueError,
         "valid names",
     ),
     (
-        "parse: eager nested",
-        lambda: tracers.parse_transformation("jit(eager)"),
+        "name: eager nested",
+        lambda: _parse("jit(eager)"),
         ValueError,
         "cannot be nested",
     ),

@@ -46,8 +46,6 @@ __all__ = [
     "error_tree",
     "format_table",
     "inspect_transformations",
-    "jax_error_classes",
-    "parse_transformation",
     "tracer_layers",
     "transform",
 ]
@@ -149,7 +147,7 @@ DEFAULT_TRANSFORMATIONS: tuple[str, ...] = (
 )
 
 
-def parse_transformation(name: str) -> tuple[str, ...]:
+def _parse_transformation(name: str) -> tuple[str, ...]:
     """``"jit(grad(vmap))"`` -> ``("jit", "grad", "vmap")``, outermost first.
 
     Raises ``TypeError`` for a non-string and ``ValueError`` (listing the valid names)
@@ -192,7 +190,7 @@ def transform(fn: Callable, name: str) -> Callable:
             f"fn must be callable (pass the function itself), got {type(fn).__name__}"
         )
     g = fn
-    for part in reversed(parse_transformation(name)):
+    for part in reversed(_parse_transformation(name)):
         wrapper = BASE_TRANSFORMATIONS[part]
         if wrapper is not None:
             g = wrapper(g)
@@ -344,7 +342,7 @@ def inspect_transformations(
             f"{list(BASE_TRANSFORMATIONS)}, got {transformations!r}"
         )
     for name in transformations:
-        parse_transformation(name)  # validate all names before running anything
+        _parse_transformation(name)  # validate all names before running anything
     if (
         isinstance(argnum, bool)
         or not isinstance(argnum, int)
@@ -429,7 +427,7 @@ def format_table(observations: Sequence[Observation]) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def jax_error_classes() -> dict[str, list[str]]:
+def _jax_error_classes() -> dict[str, list[str]]:
     """Each public class in ``jax.errors`` -> its public base classes, nearest first.
 
     Read from the live classes' ``__mro__`` (private mixins and ``object`` skipped), so
@@ -453,7 +451,7 @@ def jax_error_classes() -> dict[str, list[str]]:
 
 def error_tree() -> str:
     """The ``jax.errors`` classes as an indented tree under their Python base classes."""
-    classes = jax_error_classes()
+    classes = _jax_error_classes()
     children: dict[str, set[str]] = {}
     for name, bases in classes.items():
         chain = [
