@@ -20,8 +20,9 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from beyondgrad import compat, implicit, linear, sharding, tracers
+from beyondgrad import compat, implicit, linear, sharding
 from beyondgrad import laplacian as L
+from beyondgrad.exercises import ch1 as ex1
 from tools import book
 
 GUIDE = book.ROOT / "instructor_guide.md"
@@ -100,6 +101,16 @@ def _kinetic_loop(log_psi, x, *, cast_basis: bool, varying_init: bool):
     return -0.5 * (lap + g @ g)
 
 
+def _one_iteration_short(x, n):  # Chapter 1, exercise 1.1
+    for _ in range(n - 1):
+        x = jnp.sin(x)
+    return x
+
+
+def _bump_threshold_03(x):  # Chapter 1, exercise 1.3: the threshold is not the function's own
+    return jnp.where(x > 0.3, jnp.exp(-1.0 / jnp.where(x > 0.3, x, 1.0)), 0.0)
+
+
 _WEIGHTS = jnp.linspace(1.0, 2.0, 6)
 
 
@@ -111,23 +122,33 @@ class Mistake:
 
 
 MISTAKES = [
-    Mistake("stub", lambda: tracers.check_fix_jit(_stub),
-            "is still the stub: replace `raise NotImplementedError` with your code"),
-    Mistake("ch1-jit-without-static", lambda: tracers.check_fix_jit(jax.jit(tracers.repeat_sin)),
+    Mistake("stub", lambda: ex1.check_fix_jit(_stub),
+            "not attempted yet: replace `raise NotImplementedError` with your code"),
+    Mistake("ch1-jit-without-static", lambda: ex1.check_fix_jit(jax.jit(ex1.repeat_sin)),
             "your jitted function raised TracerIntegerConversionError: The __index__() method was called "
             "on traced array with shape int32[]"),
-    Mistake("ch1-retrace-all-true", lambda: tracers.check_predict_retraces([True] * 9),
+    Mistake("ch1-python-loop", lambda: ex1.check_fix_jit(ex1.repeat_sin),
+            "n=0: jax.jit(your function) raised"),
+    Mistake("ch1-one-iteration-short",
+            lambda: ex1.check_fix_jit(jax.jit(_one_iteration_short, static_argnums=1)),
+            "result for n=1 differs from the reference"),
+    Mistake("ch1-retrace-all-true", lambda: ex1.check_predict_retraces([True] * 9),
             "call 5 (np.ndarray float32[3], n=2): you said retrace, jit reused a cached trace"),
     Mistake("ch1-retrace-0d",
-            lambda: tracers.check_predict_retraces([True, False, True, True, True, False, False, True, False]),
+            lambda: ex1.check_predict_retraces([True, False, True, True, True, False, False, True, False]),
             "call 6 (jax.Array float32[], n=2): you said cached, jit traced it again"),
     Mistake("ch1-inner-where-only",
-            lambda: tracers.check_finite_grad(lambda x: jnp.exp(-1.0 / jnp.where(x > 0, x, 1.0))),
-            "value differs from the reference at index (0,): got 0.367879, expected 0"),
-    Mistake("ch1-one-where", lambda: tracers.check_finite_grad(tracers.bump),
-            "gradient has 2 non-finite value(s) (nan/inf); the reference is finite"),
-    Mistake("ch1-python-if", lambda: tracers.check_finite_grad(lambda x: jnp.exp(-1.0 / x) if x > 0 else 0.0),
-            "your function (under vmap) raised TracerBoolConversionError"),
+            lambda: ex1.check_finite_grad(lambda x: jnp.exp(-1.0 / jnp.where(x > 0, x, 1.0))),
+            "value on the grid differs from the reference at index (0,): got 0.36787945 (float32), "
+            "expected 0 (float64)"),
+    Mistake("ch1-one-where", lambda: ex1.check_finite_grad(ex1.bump),
+            "gradient on the grid has 2 entries whose nan/inf does not match the reference "
+            "(first at index (52,): got nan, expected 0.0) [x = -0.01]"),
+    Mistake("ch1-threshold-0.3", lambda: ex1.check_finite_grad(_bump_threshold_03),
+            "got 0 (float32), expected 0.0356739981 (float64); relative error 1.00e+00, "
+            "allowed 1e-30 + 1e-05*|expected| [x = 0.3]"),
+    Mistake("ch1-python-if", lambda: ex1.check_finite_grad(lambda x: jnp.exp(-1.0 / x) if x > 0 else 0.0),
+            "vmap(bump_safe) raised TracerBoolConversionError"),
     Mistake("ch2-forgot-s", lambda: linear.check_transpose(
                 lambda v: {"x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, -1), "s": jnp.zeros(())}),
             "your_transpose(v)['s'] differs from the reference: got 0, expected"),
@@ -216,6 +237,22 @@ def test_every_checker_the_guide_names_exists_and_its_chapter_uses_it():
         if chapter.exists():  # chapters may import the module under another name (laplacian as L)
             called = re.search(rf"\b\w+\.{func}\(", chapter.read_text())
             assert called, f"{chapter.name} does not call {module_name}.{func}"
+
+
+def test_chapter1_checkers_the_guide_names_exist_and_the_chapter_calls_them():
+    """Chapter 1's checkers live in beyondgrad.exercises.ch1, imported as ``ex1``."""
+    text = GUIDE.read_text()
+    section = re.search(r"^### Chapter 1\b.*?(?=^### )", text, re.MULTILINE | re.DOTALL).group(0)
+    named = sorted(set(re.findall(r"`ex1\.(check_\w+)`", section)))
+    assert named == ["check_finite_grad", "check_fix_jit", "check_predict_retraces"]
+    chapter = (book.CHAPTERS / "01_tracers.md").read_text()
+    for func in named:
+        assert callable(getattr(ex1, func))
+        assert re.search(rf"\bex1\.{func}\(", chapter), f"01_tracers.md does not call ex1.{func}"
+    assert "(5 min)" in section and section.count("(10 min") == 2  # the statements' durations
+    for minutes, title in [(5, "1.1: fix a `jit` failure"), (10, "1.2: predict the retraces"),
+                           (10, "1.3: a `where` with finite gradients")]:
+        assert f"### Exercise {title} ({minutes} minutes)" in chapter
 
 
 def test_every_exercise_function_the_guide_names_is_defined_in_a_chapter():
