@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import jax
@@ -197,6 +198,18 @@ def _exercise_triple(params: Mapping[str, jax.Array]) -> tuple[jax.Array, ...]:
     return jnp.sum(jnp.sin(w)), jnp.prod(b + 2.0), jnp.vdot(w[0], w[1])
 
 
+def _call_jitted(answer: Any, f: Callable[..., PyTree], params: PyTree) -> Any:
+    """``answer(f, params)`` under ``jax.jit`` (one compilation, fast); if that fails
+    for any reason but the stub, run it eagerly, so the student sees their own error
+    (or gets the value when only ``jit`` was the problem)."""
+    if not callable(answer):
+        return ex.call_answer(answer, what="your function")
+    got = ex.call_answer(jax.jit(partial(answer, f)), params, what="your function")
+    if ex.failed(got) and not ex.is_stub(got):
+        got = ex.call_answer(answer, f, params, what="your function")
+    return got
+
+
 #: Exercise 2.2's tolerance (float32 at "highest" matmul precision; measured <1e-6).
 JACREV_RTOL = 1e-5
 
@@ -219,8 +232,10 @@ def check_rebuilt_jacrev(
     problems: list[str] = []
     for f in (exercise_losses, _exercise_triple):
         with jax.default_matmul_precision("highest"):
-            got = ex.call_answer(answer, f, params, what="your function")
-            want = jax.jacrev(f)(params)
+            got = _call_jitted(answer, f, params)
+            if ex.is_stub(got):
+                return ex.verdict(name, [], attempted=False, strict=strict)
+            want = jax.jit(jax.jacrev(f))(params)
         if ex.is_stub(got):
             return ex.verdict(name, [], attempted=False, strict=strict)
         msg = ex.failed(got)
