@@ -4,7 +4,6 @@ Each case below is a mistake the guide describes. The test gives the mistaken an
 the real checker and asserts that (1) the checker rejects it, (2) its output contains the
 quoted text, and (3) the guide contains the same text. A checker whose wording changes,
 or a guide that drifts from the checkers, fails here with both texts in the message.
-Timing-dependent outputs (the Jacobian-strategy timings) are not quoted in full.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from jax import lax
 from beyondgrad import compat, implicit, linear, sharding
 from beyondgrad import laplacian as L
 from beyondgrad.exercises import ch1 as ex1
+from beyondgrad.exercises import ch2 as ex2
 from tools import book
 
 GUIDE = book.ROOT / "instructor_guide.md"
@@ -149,16 +149,28 @@ MISTAKES = [
             "allowed 1e-30 + 1e-05*|expected| [x = 0.3]"),
     Mistake("ch1-python-if", lambda: ex1.check_finite_grad(lambda x: jnp.exp(-1.0 / x) if x > 0 else 0.0),
             "vmap(bump_safe) raised TracerBoolConversionError"),
-    Mistake("ch2-forgot-s", lambda: linear.check_transpose(
+    Mistake("ch2-forgot-s", lambda: ex2.check_transpose(
                 lambda v: {"x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, -1), "s": jnp.zeros(())}),
-            "your_transpose(v)['s'] differs from the reference: got 0, expected"),
-    Mistake("ch2-cumsum-not-reversed", lambda: linear.check_transpose(
+            "your_transpose(v0)['s'] differs from the reference: got 0 (float32), expected"),
+    Mistake("ch2-cumsum-not-reversed", lambda: ex2.check_transpose(
                 lambda v: {"x": jnp.cumsum(v) - jnp.roll(v, -1), "s": jnp.vdot(_WEIGHTS, v)}),
-            "your_transpose(v)['x'] differs from the reference at index ("),
-    Mistake("ch2-grad-of-dict", lambda: linear.check_rebuilt_jacrev(lambda f, p: jax.grad(f)(p)),
+            "your_transpose(v0)['x'] differs from the reference at index ("),
+    Mistake("ch2-x-part-hint", lambda: ex2.check_transpose(
+                lambda v: {"x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, 1), "s": jnp.vdot(_WEIGHTS, v)}),
+            "the 'x' part is wrong: transpose cumsum and roll(x, 1) one at a time and check each "
+            "with linear.dot_product_test"),
+    Mistake("ch2-jax-transpose", lambda: ex2.check_transpose(
+                lambda v: jax.linear_transpose(ex2.exercise_linear_map, ex2.exercise_map_input())(v)),
+            "your transpose raised ValueError: Pure callbacks do not support transpose."),
+    Mistake("ch2-grad-of-dict", lambda: ex2.check_rebuilt_jacrev(lambda f, p: jax.grad(f)(p)),
             "your function raised TypeError: Gradient only defined for scalar-output functions"),
-    Mistake("ch2-strategy-typo", lambda: linear.check_jacobian_strategy("reverse"),
-            "answer 'jacfwd' or 'jacrev', got"),
+    Mistake("ch2-per-example-jacfwd", lambda: ex2.check_jacobian_strategy(
+                {"mlp_loss": "jacrev", "decoder": "jacfwd", "per_example_losses": "jacfwd",
+                 "ode_trajectory": "jacfwd"}),
+            "per_example_losses: you said jacfwd, but the input has 650 numbers and the output 128: "
+            "jacfwd runs 650 JVPs, jacrev 128 VJPs (jacfwd needs 5x more passes)"),
+    Mistake("ch2-strategy-string", lambda: ex2.check_jacobian_strategy("jacrev"),
+            "answer with a dict {case: 'jacfwd' or 'jacrev'} for the cases"),
     Mistake("ch3-while-loop", lambda: implicit.check_fixed_point_grad(_while_loop_solve),
             "jax.grad of your function raised ValueError: Reverse-mode differentiation does not work for "
             "lax.while_loop or lax.fori_loop with dynamic start/stop values"),
@@ -279,3 +291,14 @@ def test_guide_covers_every_chapter_and_both_formats():
             assert section and "had not landed" not in section.group(0), (
                 f"{chapter.name} exists now: align its section of the guide with it and drop the 'had not landed' note"
             )
+
+
+def test_chapter2_checkers_the_guide_names_exist_and_the_chapter_calls_them():
+    """Chapter 2's checkers live in beyondgrad.exercises.ch2, imported as ``ex2``."""
+    named = sorted(set(re.findall(r"`ex2\.(check_\w+)`", GUIDE.read_text())))
+    assert named == ["check_jacobian_strategy", "check_rebuilt_jacrev", "check_transpose"]
+    chapter = (book.CHAPTERS / "02_linearize_transpose.md").read_text()
+    assert "from beyondgrad.exercises import ch2 as ex2" in chapter
+    for func in named:
+        assert callable(getattr(ex2, func, None)), f"the guide names ex2.{func}, which does not exist"
+        assert re.search(rf"\bex2\.{func}\(", chapter), f"the chapter does not call ex2.{func}"

@@ -153,6 +153,43 @@ def jit_cache_size(jitted: Any) -> int:
 
 # ----------------------------------------------------------------------------- Chapter 2
 
+__all__ += [
+    "DIRECT_LINEARIZE_OPTION",
+    "direct_linearize_option",
+    "set_direct_linearize",
+]
+
+#: The config option that chose between direct linearization and JVP + partial
+#: evaluation. Present on 0.8.2 (which obeys ``False``) and on 0.12 (which ignores it).
+DIRECT_LINEARIZE_OPTION = "jax_use_direct_linearize"
+
+
+def direct_linearize_option() -> bool | None:
+    """``jax_use_direct_linearize``'s value; ``None`` where JAX has no such option."""
+    values = getattr(jax.config, "values", {})
+    if DIRECT_LINEARIZE_OPTION not in values:
+        return None
+    return bool(values[DIRECT_LINEARIZE_OPTION])
+
+
+def set_direct_linearize(enabled: bool) -> bool:
+    """Set ``jax_use_direct_linearize``; return the previous value (to restore it).
+
+    Raises ``TypeError`` for a non-bool and ``ValueError`` where this JAX has no such
+    option (the 0.7 migration note announced its removal).
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, got {enabled!r}")
+    before = direct_linearize_option()
+    if before is None:
+        raise ValueError(
+            f"JAX {jax.__version__} has no {DIRECT_LINEARIZE_OPTION} option; "
+            "its default, direct linearization, is the only mode"
+        )
+    jax.config.update(DIRECT_LINEARIZE_OPTION, enabled)
+    return before
+
+
 
 # ----------------------------------------------------------------------------- Chapter 3
 

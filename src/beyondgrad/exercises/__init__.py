@@ -217,7 +217,8 @@ def tree_mismatches(
         if np.any(err > tol):
             i = np.unravel_index(int(np.argmax(err - tol)), err.shape) if err.ndim else ()
             idx = f" at index {tuple(int(k) for k in i)}" if err.ndim else ""
-            rel = float(err[i] / max(float(np.abs(r64[i])), np.finfo(np.float64).tiny))
+            scale = float(np.abs(r64[i]))
+            rel = float(err[i]) / scale if scale > 0 else float("inf")
             problems.append(
                 f"{where} differs from the reference{idx}: got {a64[i]:.9g} ({a_np.dtype}), "
                 f"expected {r64[i]:.9g} ({r_np.dtype}); relative error {rel:.2e}, "

@@ -1,0 +1,350 @@
+"""Chapter 2's exercise checkers: a hand transpose, ``jacrev`` rebuilt, the cost model.
+
+* Exercise 2.1: :func:`check_transpose` — the transpose of
+  :func:`exercise_linear_map`, a linear map computed on the host with NumPy
+  (``jax.pure_callback``), which JAX can neither differentiate nor transpose: the
+  student must write it.
+* Exercise 2.2: :func:`check_rebuilt_jacrev` — the gradient of every output of a
+  pytree-valued function (any method is accepted; values are checked).
+* Exercise 2.3: :func:`check_jacobian_strategy` — ``"jacfwd"`` or ``"jacrev"`` for
+  each case of :func:`strategy_cases`, graded on the cost model (passes = input size for
+  ``jacfwd``, output size for ``jacrev``), never on a clock.
+
+Every checker prints "not attempted yet" for a bare stub and raises only with
+``strict=True``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from beyondgrad import exercises as ex
+from beyondgrad import linear
+from beyondgrad.linear import PyTree
+
+__all__ = [
+    "DOT_PRODUCT_TOL",
+    "EXERCISE_MAP_SIZE",
+    "JACREV_RTOL",
+    "TRANSPOSE_RTOL",
+    "check_jacobian_strategy",
+    "check_rebuilt_jacrev",
+    "check_transpose",
+    "exercise_linear_map",
+    "exercise_losses",
+    "exercise_map_input",
+    "strategy_cases",
+]
+
+# ------------------------------------------------------------------ exercise 2.1
+
+#: Length of the vector ``x`` of :func:`exercise_linear_map`.
+EXERCISE_MAP_SIZE = 6
+
+#: Values and transposes are compared to this relative (and absolute) tolerance: the
+#: entries are O(10) and float32 rounding of either side is below 1e-6.
+TRANSPOSE_RTOL = 1e-5
+#: A correct transpose passes the dot-product test at rounding level (~1e-8 measured).
+DOT_PRODUCT_TOL = 1e-5
+
+
+def _weights_np() -> np.ndarray:
+    return np.linspace(1.0, 2.0, EXERCISE_MAP_SIZE, dtype=np.float32)
+
+
+def _map_on_host(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    return (np.cumsum(x) - np.roll(x, 1) + np.float32(s) * _weights_np()).astype(
+        np.float32
+    )
+
+
+def exercise_map_input() -> dict[str, jax.Array]:
+    """Example input of :func:`exercise_linear_map`: zeros ``{x: f32[6], s: f32[]}``."""
+    return {
+        "x": jnp.zeros(EXERCISE_MAP_SIZE, jnp.float32),
+        "s": jnp.zeros((), jnp.float32),
+    }
+
+
+def exercise_linear_map(p: Mapping[str, jax.Array]) -> jax.Array:
+    """``{x: f32[6], s: f32[]} -> f32[6]``: ``cumsum(x) - roll(x, 1) + s * w``.
+
+    ``w = linspace(1, 2, 6)``. Computed on the host with NumPy through
+    ``jax.pure_callback``, so ``jax.linear_transpose`` and ``jax.vjp`` raise
+    ``ValueError`` on it: its transpose has to be written by hand.
+    """
+    if not isinstance(p, Mapping) or set(p) != {"x", "s"}:
+        raise TypeError("exercise_linear_map takes a dict {'x': f32[6], 's': f32[]}")
+    x, s = jnp.asarray(p["x"], jnp.float32), jnp.asarray(p["s"], jnp.float32)
+    if x.shape != (EXERCISE_MAP_SIZE,) or s.shape != ():
+        raise ValueError(
+            f"expected x: f32[6] and s: f32[], got {x.shape} and {s.shape}"
+        )
+    out = jax.ShapeDtypeStruct((EXERCISE_MAP_SIZE,), jnp.float32)
+    return jax.pure_callback(_map_on_host, out, x, s, vmap_method="sequential")
+
+
+def _map_in_jax(p: Mapping[str, jax.Array]) -> jax.Array:
+    """The same map in jnp (the checker's reference transpose comes from it)."""
+    w = jnp.asarray(_weights_np())
+    return jnp.cumsum(p["x"]) - jnp.roll(p["x"], 1) + p["s"] * w
+
+
+def _unwrap(result: Any) -> Any:
+    if (
+        isinstance(result, tuple)
+        and len(result) == 1
+        and isinstance(result[0], Mapping)
+    ):
+        return result[0]  # what jax.linear_transpose returns: a 1-tuple
+    return result
+
+
+def _dtype_problems(got: Any, name: str) -> list[str]:
+    problems = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(got)[0]:
+        dtype = getattr(leaf, "dtype", None)
+        if (
+            dtype is not None
+            and np.issubdtype(dtype, np.floating)
+            and dtype != np.float32
+        ):
+            where = f"{name}{jax.tree_util.keystr(path)}"
+            problems.append(f"{where} has dtype {dtype}; the map works in float32")
+    return problems
+
+
+def check_transpose(
+    answer: Callable[[jax.Array], PyTree], *, strict: bool = False
+) -> ex.Feedback:
+    """Exercise 2.1: ``answer(v)`` must be the transpose of :func:`exercise_linear_map`.
+
+    For three random cotangents ``v: f32[6]`` the answer must return
+    ``{"x": f32[6], "s": f32[]}`` (a 1-tuple of it is accepted) matching the reference
+    transpose to ``TRANSPOSE_RTOL``; then the dot-product test
+    (:func:`beyondgrad.linear.dot_product_test`) against the host map must be below
+    ``DOT_PRODUCT_TOL``. Any method is accepted (JAX cannot transpose the host map).
+    """
+    name = "Exercise 2.1, transpose of exercise_linear_map"
+    example = exercise_map_input()
+    reference = jax.linear_transpose(_map_in_jax, example)
+    keys = jax.random.split(jax.random.key(21), 3)
+    for k, key in enumerate(keys):
+        v = jax.random.normal(key, (EXERCISE_MAP_SIZE,), jnp.float32)
+        got = ex.call_answer(answer, v, what="your transpose")
+        if ex.is_stub(got):
+            return ex.verdict(name, [], attempted=False, strict=strict)
+        msg = ex.failed(got)
+        if msg:
+            return ex.verdict(name, [msg], strict=strict)
+        got = _unwrap(got)
+        label = f"your_transpose(v{k})"
+        problems = ex.tree_mismatches(
+            got,
+            reference(v)[0],
+            rtol=TRANSPOSE_RTOL,
+            atol=TRANSPOSE_RTOL,
+            name=label,
+            allow_python_scalars=False,
+        )
+        problems += [] if problems else _dtype_problems(got, label)
+        if problems:
+            if any("['x']" in p for p in problems):
+                problems.append(
+                    "the 'x' part is wrong: transpose cumsum and roll(x, 1) one at a "
+                    "time and check each with linear.dot_product_test"
+                )
+            return ex.verdict(name, problems, strict=strict)
+    worst = max(
+        linear.dot_product_test(
+            exercise_linear_map,
+            lambda v: _unwrap(answer(v)),
+            example,
+            jnp.zeros(EXERCISE_MAP_SIZE, jnp.float32),
+            jax.random.key(k),
+        )
+        for k in range(3)
+    )
+    if worst > DOT_PRODUCT_TOL:
+        problem = f"dot-product test mismatch {worst:.2e} (allowed {DOT_PRODUCT_TOL:g})"
+        return ex.verdict(name, [problem], strict=strict)
+    success = (
+        f"matches the transpose on 3 random cotangents (rtol {TRANSPOSE_RTOL:g}); "
+        f"worst dot-product mismatch {worst:.1e}"
+    )
+    return ex.verdict(name, [], success=success, strict=strict)
+
+
+# ------------------------------------------------------------------ exercise 2.2
+
+
+def exercise_losses(params: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """Two scalar losses of a tiny model with ``params = {w: f32[2, 3], b: f32[3]}``."""
+    x = jnp.linspace(-1.0, 1.0, 8, dtype=jnp.float32).reshape(4, 2)
+    y = jnp.tanh(x @ params["w"] + params["b"])
+    return {"fit": jnp.mean((y - 0.5) ** 2), "reg": 0.1 * jnp.sum(params["w"] ** 2)}
+
+
+def _exercise_triple(params: Mapping[str, jax.Array]) -> tuple[jax.Array, ...]:
+    w, b = params["w"], params["b"]
+    return jnp.sum(jnp.sin(w)), jnp.prod(b + 2.0), jnp.vdot(w[0], w[1])
+
+
+def _call_jitted(answer: Any, f: Callable[..., PyTree], params: PyTree) -> Any:
+    """``answer(f, params)`` under ``jax.jit`` (one compilation, fast); if that fails
+    for any reason but the stub, run it eagerly, so the student sees their own error
+    (or gets the value when only ``jit`` was the problem)."""
+    if not callable(answer):
+        return ex.call_answer(answer, what="your function")
+    got = ex.call_answer(jax.jit(partial(answer, f)), params, what="your function")
+    if ex.failed(got) and not ex.is_stub(got):
+        got = ex.call_answer(answer, f, params, what="your function")
+    return got
+
+
+#: Exercise 2.2's tolerance (float32 at "highest" matmul precision; measured <1e-6).
+JACREV_RTOL = 1e-5
+
+
+def check_rebuilt_jacrev(
+    answer: Callable[[Callable[[PyTree], PyTree], PyTree], PyTree],
+    *,
+    strict: bool = False,
+) -> ex.Feedback:
+    """Exercise 2.2: ``answer(f, params)``: the gradient of every output of ``f``.
+
+    The result has ``f``'s output structure with a params-shaped gradient at each leaf
+    (what ``jax.jacrev(f)(params)`` returns). Checked on :func:`exercise_losses` (dict
+    output) and a tuple-valued function, float32, to ``JACREV_RTOL``, with both sides at
+    ``"highest"`` matmul precision. Any method is accepted: only values are checked.
+    """
+    name = "Exercise 2.2, the gradient of every output"
+    k1, k2 = jax.random.split(jax.random.key(22))
+    params = {"w": jax.random.normal(k1, (2, 3)), "b": jax.random.normal(k2, (3,))}
+    problems: list[str] = []
+    for f in (exercise_losses, _exercise_triple):
+        with jax.default_matmul_precision("highest"):
+            got = _call_jitted(answer, f, params)
+            if ex.is_stub(got):
+                return ex.verdict(name, [], attempted=False, strict=strict)
+            want = jax.jit(jax.jacrev(f))(params)
+        if ex.is_stub(got):
+            return ex.verdict(name, [], attempted=False, strict=strict)
+        msg = ex.failed(got)
+        if msg:
+            return ex.verdict(name, [msg], strict=strict)
+        label = f"my_jacrev({f.__name__}, params)"
+        found = ex.tree_mismatches(
+            got,
+            want,
+            rtol=JACREV_RTOL,
+            atol=JACREV_RTOL,
+            name=label,
+            allow_python_scalars=False,
+        )
+        problems += found
+    success = "matches jax.jacrev on a dict-valued and a tuple-valued function"
+    return ex.verdict(name, problems, success=success, strict=strict)
+
+
+# ------------------------------------------------------------------ exercise 2.3
+
+_STRATEGIES = ("jacfwd", "jacrev")
+
+
+def strategy_cases() -> dict[str, tuple[PyTree, PyTree]]:
+    """Exercise 2.3's four functions, as (input, output) pytrees of shapes/dtypes."""
+
+    def s(*shape: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    mlp = {"w1": s(4, 16), "b1": s(16), "w2": s(16, 16), "b2": s(16), "w3": s(16, 1)}
+    return {
+        "mlp_loss": ({**mlp, "b3": s(1)}, s()),
+        "decoder": (s(8), s(32, 32)),
+        "per_example_losses": ({"w": s(64, 10), "b": s(10)}, s(128)),
+        "ode_trajectory": ({"y0": s(3), "k": s(2)}, {"t": s(100), "y": s(100, 3)}),
+    }
+
+
+def _size(tree: PyTree) -> int:
+    return sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _normalise(value: Any) -> str | None:
+    if isinstance(value, (str, np.str_)):
+        text = str(value).strip().lower().removeprefix("jax.")
+        return text if text in _STRATEGIES else None
+    return None
+
+
+def check_jacobian_strategy(prediction: Any, *, strict: bool = False) -> ex.Feedback:
+    """Exercise 2.3: ``"jacfwd"`` or ``"jacrev"`` per case of :func:`strategy_cases`.
+
+    ``prediction`` is a dict ``{case: answer}``, a sequence of answers in the order of
+    :func:`strategy_cases`, or a function returning either. Answers are normalised
+    (``" JacRev "`` and ``"jax.jacrev"`` count as ``"jacrev"``). Graded on the cost
+    model only: ``jacfwd`` runs one JVP per input number, ``jacrev`` one VJP per
+    output number; the cheaper has at least 5x fewer passes in every case.
+    """
+    name = "Exercise 2.3, the cheaper Jacobian"
+    cases = strategy_cases()
+    if callable(prediction):
+        prediction = ex.call_answer(prediction, what="your prediction")
+        if ex.is_stub(prediction):
+            return ex.verdict(name, [], attempted=False, strict=strict)
+        msg = ex.failed(prediction)
+        if msg:
+            return ex.verdict(name, [msg], strict=strict)
+    if isinstance(prediction, Sequence) and not isinstance(prediction, (str, bytes)):
+        if len(prediction) != len(cases):
+            problem = (
+                f"got {len(prediction)} answers for {len(cases)} cases; "
+                f"answer each of {list(cases)}"
+            )
+            return ex.verdict(name, [problem], strict=strict)
+        prediction = dict(zip(cases, prediction))
+    if not isinstance(prediction, Mapping):
+        problem = (
+            "answer with a dict {case: 'jacfwd' or 'jacrev'} for the cases "
+            f"{list(cases)}, got {type(prediction).__name__}"
+        )
+        return ex.verdict(name, [problem], strict=strict)
+    problems = []
+    unknown = [k for k in prediction if k not in cases]
+    if unknown:
+        problems.append(f"unknown case(s) {unknown}; the cases are {list(cases)}")
+    missing = [k for k in cases if k not in prediction]
+    if missing:
+        problems.append(f"no answer for {missing}")
+    for case, (inputs, outputs) in cases.items():
+        if case not in prediction:
+            continue
+        said = _normalise(prediction[case])
+        if said is None:
+            problems.append(
+                f"{case}: answer 'jacfwd' or 'jacrev', got {prediction[case]!r}"
+            )
+            continue
+        n_in, n_out = _size(inputs), _size(outputs)
+        best = "jacfwd" if n_in < n_out else "jacrev"
+        if said != best:
+            ratio = max(n_in, n_out) / min(n_in, n_out)
+            problems.append(
+                f"{case}: you said {said}, but the input has {n_in} numbers and the "
+                f"output {n_out}: jacfwd runs {n_in} JVPs, jacrev {n_out} VJPs "
+                f"({said} needs {ratio:.0f}x more passes)"
+            )
+    success = (
+        f"all {len(cases)} cases match the cost model "
+        "(jacfwd: one pass per input number; jacrev: one per output number)"
+    )
+    return ex.verdict(name, problems, success=success, strict=strict)

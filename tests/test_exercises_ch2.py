@@ -1,0 +1,414 @@
+"""Chapter 2's checkers: right answers pass, near misses fail with a pointed message,
+and every kind of bad input gets its own message. References are independent of the
+checkers' own (hand-derived transposes, dense matrices built in float64 NumPy, literal
+sizes)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from beyondgrad import exercises as ex
+from beyondgrad import measure
+from beyondgrad.exercises import ch2
+
+W = np.linspace(1.0, 2.0, 6)
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+# ------------------------------------------------------------------ the exercise map
+
+
+def test_exercise_linear_map_is_the_stated_formula_and_opaque_to_jax():
+    x = np.array([0.5, -1.0, 2.0, 0.0, 3.0, 1.5])
+    got = ch2.exercise_linear_map(
+        {"x": jnp.asarray(x, jnp.float32), "s": jnp.float32(0.7)}
+    )
+    want = np.cumsum(x) - np.roll(x, 1) + 0.7 * W
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # float32 vs float64
+    example = ch2.exercise_map_input()
+    with pytest.raises(ValueError, match="Pure callbacks do not support transpose"):
+        jax.linear_transpose(ch2.exercise_linear_map, example)(jnp.ones(6))
+    with pytest.raises(ValueError, match="Pure callbacks do not support JVP"):
+        jax.vjp(ch2.exercise_linear_map, example)
+
+
+def test_exercise_linear_map_rejects_bad_input():
+    with pytest.raises(TypeError, match="takes a dict"):
+        ch2.exercise_linear_map(jnp.zeros(6))
+    with pytest.raises(ValueError, match=r"got \(5,\) and \(\)"):
+        ch2.exercise_linear_map({"x": jnp.zeros(5), "s": jnp.zeros(())})
+
+
+# ------------------------------------------------------------------ exercise 2.1
+
+
+def _dense_map_float64():
+    """The map as a 6 x 7 matrix (columns: x_0..x_5, s), built column by column in NumPy."""
+    cols = []
+    for j in range(7):
+        e = np.zeros(7)
+        e[j] = 1.0
+        x, s = e[:6], e[6]
+        cols.append(np.cumsum(x) - np.roll(x, 1) + s * W)
+    return np.stack(cols, axis=1)
+
+
+def hand_transpose(v):
+    return {
+        "x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, -1),
+        "s": jnp.vdot(jnp.linspace(1.0, 2.0, 6), v),
+    }
+
+
+def dense_transpose(v):
+    at_v = _dense_map_float64().T @ np.asarray(v, np.float64)
+    return {
+        "x": jnp.asarray(at_v[:6], jnp.float32),
+        "s": jnp.asarray(at_v[6], jnp.float32),
+    }
+
+
+def as_tuple(v):
+    return (hand_transpose(v),)  # what jax.linear_transpose would return
+
+
+@pytest.mark.parametrize("answer", [hand_transpose, dense_transpose, as_tuple])
+def test_check_transpose_accepts_right_answers(answer):
+    fb = ch2.check_transpose(answer, strict=True)
+    assert fb.passed and "worst dot-product mismatch" in str(fb)
+
+
+def test_check_transpose_tolerance_is_the_stated_one():
+    """1e-5 relative: a 1e-7 slip passes, a 1e-4 slip fails."""
+    assert ch2.check_transpose(
+        lambda v: jax.tree.map(lambda a: a * (1 + 1e-7), hand_transpose(v))
+    ).passed
+    fb = ch2.check_transpose(
+        lambda v: jax.tree.map(lambda a: a * (1 + 1e-4), hand_transpose(v))
+    )
+    assert not fb.passed and "relative error 1.00e-04" in str(fb)
+
+
+NEAR_MISSES = [
+    (
+        "cumsum not reversed",
+        lambda v: {**hand_transpose(v), "x": jnp.cumsum(v) - jnp.roll(v, -1)},
+        "your_transpose(v0)['x'] differs from the reference at index (",
+    ),
+    (
+        "roll the wrong way",
+        lambda v: {
+            **hand_transpose(v),
+            "x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, 1),
+        },
+        "the 'x' part is wrong",
+    ),
+    (
+        "forgot s",
+        lambda v: {**hand_transpose(v), "s": jnp.zeros(())},
+        "your_transpose(v0)['s'] differs from the reference: got 0 (float32)",
+    ),
+    (
+        "s without weights",
+        lambda v: {**hand_transpose(v), "s": jnp.sum(v)},
+        "your_transpose(v0)['s'] differs",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "answer, text", [m[1:] for m in NEAR_MISSES], ids=[m[0] for m in NEAR_MISSES]
+)
+def test_check_transpose_near_misses_point_at_the_entry(answer, text):
+    fb = ch2.check_transpose(answer)
+    assert not fb.passed and fb.attempted
+    assert text in str(fb), str(fb)
+    with pytest.raises(ex.ExerciseFailed):
+        ch2.check_transpose(answer, strict=True)
+
+
+def _raises_key_error(v):
+    return {"x": v}["s"]
+
+
+BAD_TRANSPOSES = [
+    (
+        "value not function",
+        hand_transpose(jnp.ones(6)),
+        "you passed a value (dict); pass the function itself",
+    ),
+    ("exception inside", _raises_key_error, "your transpose raised KeyError: 's'"),
+    (
+        "nan",
+        lambda v: {**hand_transpose(v), "x": jnp.full(6, jnp.nan)},
+        "whose nan/inf does not match the reference",
+    ),
+    (
+        "inf",
+        lambda v: {**hand_transpose(v), "s": jnp.float32(jnp.inf)},
+        "['s'] has 1 entry whose nan/inf does not match",
+    ),
+    (
+        "wrong shape",
+        lambda v: {**hand_transpose(v), "x": jnp.zeros(5)},
+        "['x'] has shape (5,), expected (6,)",
+    ),
+    (
+        "int dtype",
+        lambda v: {**hand_transpose(v), "x": jnp.zeros(6, jnp.int32)},
+        "['x'] has dtype int32, expected a floating dtype",
+    ),
+    (
+        "python scalar",
+        lambda v: {**hand_transpose(v), "s": float(hand_transpose(v)["s"])},
+        "['s'] is a Python float, expected an array",
+    ),
+    ("array not dict", lambda v: hand_transpose(v)["x"], "has structure"),
+]
+
+
+@pytest.mark.parametrize(
+    "answer, text", [b[1:] for b in BAD_TRANSPOSES], ids=[b[0] for b in BAD_TRANSPOSES]
+)
+def test_check_transpose_bad_inputs(answer, text):
+    fb = ch2.check_transpose(answer)
+    assert not fb.passed and fb.attempted
+    assert text in str(fb), str(fb)
+
+
+def test_check_transpose_float64_answer_is_named():
+    with jax.enable_x64(True):
+        fb = ch2.check_transpose(
+            lambda v: jax.tree.map(lambda a: a.astype(jnp.float64), hand_transpose(v))
+        )
+    assert not fb.passed and "has dtype float64; the map works in float32" in str(fb)
+
+
+def test_stub_is_not_attempted_for_every_checker():
+    for check in (
+        ch2.check_transpose,
+        ch2.check_rebuilt_jacrev,
+        ch2.check_jacobian_strategy,
+    ):
+        fb = check(_stub)
+        assert not fb.attempted and not fb.passed
+        assert "not attempted yet" in str(fb)
+        with pytest.raises(ex.ExerciseFailed):
+            check(_stub, strict=True)
+
+
+# ------------------------------------------------------------------ exercise 2.2
+
+
+def linearize_jacrev(f, params):
+    out, f_jvp = jax.linearize(f, params)
+    f_t = jax.linear_transpose(f_jvp, params)
+    leaves, treedef = jax.tree.flatten(out)
+    rows = []
+    for i in range(len(leaves)):
+        ct = [
+            jnp.ones_like(x) if j == i else jnp.zeros_like(x)
+            for j, x in enumerate(leaves)
+        ]
+        rows.append(f_t(treedef.unflatten(ct))[0])
+    return treedef.unflatten(rows)
+
+
+def per_output_grad(f, params):
+    """A second method: grad of each output separately."""
+    out = f(params)
+    leaves, treedef = jax.tree.flatten(out)
+    grads = [
+        jax.grad(lambda p, i=i: jax.tree.leaves(f(p))[i])(params)
+        for i in range(len(leaves))
+    ]
+    return treedef.unflatten(grads)
+
+
+@pytest.mark.parametrize(
+    "answer", [linearize_jacrev, per_output_grad, lambda f, p: jax.jacrev(f)(p)]
+)
+def test_check_rebuilt_jacrev_accepts_right_answers(answer):
+    assert ch2.check_rebuilt_jacrev(answer, strict=True).passed
+
+
+def test_check_rebuilt_jacrev_against_float64_finite_differences():
+    """The checker's reference (jax.jacrev) agrees with central differences in float64."""
+    with jax.enable_x64(True):
+        params = {
+            "w": jnp.array([[0.3, -0.2, 0.5], [0.1, 0.4, -0.6]]),
+            "b": jnp.array([0.2, -0.1, 0.05]),
+        }
+        got = linearize_jacrev(ch2.exercise_losses, params)
+        flat, unravel = jax.flatten_util.ravel_pytree(params)
+        eps = 1e-6
+        for key in ("fit", "reg"):
+            fd = [
+                (
+                    ch2.exercise_losses(unravel(flat + eps * e))[key]
+                    - ch2.exercise_losses(unravel(flat - eps * e))[key]
+                )
+                / (2 * eps)
+                for e in np.eye(flat.size)
+            ]
+            np.testing.assert_allclose(
+                jax.flatten_util.ravel_pytree(got[key])[0], fd, rtol=1e-7, atol=1e-9
+            )
+
+
+def _summed_outputs(f, params):  # pulls back all-ones: the gradient of the sum
+    out, f_jvp = jax.linearize(f, params)
+    g = jax.linear_transpose(f_jvp, params)(jax.tree.map(jnp.ones_like, out))[0]
+    return jax.tree.map(lambda _: g, out)
+
+
+JACREV_WRONG = [
+    ("summed outputs", _summed_outputs, "differs from the reference at index ("),
+    (
+        "scaled 1e-3",
+        lambda f, p: jax.tree.map(lambda a: a * 1.001, jax.jacrev(f)(p)),
+        "relative error 1.00e-03",
+    ),
+    (
+        "grad of dict",
+        lambda f, p: jax.grad(f)(p),
+        "your function raised TypeError: Gradient only defined for scalar-output functions",
+    ),
+    ("value not function", 3.0, "you passed a value (float)"),
+    (
+        "list not dict",
+        lambda f, p: list(jax.tree.leaves(jax.jacrev(f)(p))),
+        "has structure",
+    ),
+    (
+        "nan",
+        lambda f, p: jax.tree.map(lambda a: a * jnp.nan, jax.jacrev(f)(p)),
+        "nan/inf does not match",
+    ),
+    (
+        "int dtype",
+        lambda f, p: jax.tree.map(lambda a: a.astype(jnp.int32), jax.jacrev(f)(p)),
+        "has dtype int32, expected a floating dtype",
+    ),
+    (
+        "wrong shape",
+        lambda f, p: jax.tree.map(lambda a: a.T, jax.jacrev(f)(p)),
+        "['w'] has shape (3, 2), expected (2, 3)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "answer, text", [w[1:] for w in JACREV_WRONG], ids=[w[0] for w in JACREV_WRONG]
+)
+def test_check_rebuilt_jacrev_wrong_and_bad_answers(answer, text):
+    fb = ch2.check_rebuilt_jacrev(answer)
+    assert not fb.passed and fb.attempted
+    assert text in str(fb), str(fb)
+
+
+def test_check_rebuilt_jacrev_reports_the_eager_error_not_jits():
+    """An answer that only fails under jit passes; its own error is shown otherwise."""
+
+    def needs_concrete(f, params):
+        if float(params["b"][0]) > 100:  # concrete Python control flow
+            raise AssertionError
+        return jax.jacrev(f)(params)
+
+    assert ch2.check_rebuilt_jacrev(needs_concrete).passed
+
+
+# ------------------------------------------------------------------ exercise 2.3
+
+RIGHT = {
+    "mlp_loss": "jacrev",
+    "decoder": "jacfwd",
+    "per_example_losses": "jacrev",
+    "ode_trajectory": "jacfwd",
+}
+
+
+def test_strategy_cases_sizes_pinned():
+    sizes = {
+        k: tuple(
+            sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(t)) for t in io
+        )
+        for k, io in ch2.strategy_cases().items()
+    }
+    assert sizes == {
+        "mlp_loss": (369, 1),
+        "decoder": (8, 1024),
+        "per_example_losses": (650, 128),
+        "ode_trajectory": (5, 400),
+    }
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        RIGHT,
+        list(RIGHT.values()),
+        tuple(RIGHT.values()),
+        {k: f"  {v.upper()} " for k, v in RIGHT.items()},
+        {k: f"jax.{v}" for k, v in RIGHT.items()},
+        {k: np.str_(v) for k, v in RIGHT.items()},
+        lambda: RIGHT,
+    ],
+)
+def test_check_jacobian_strategy_accepts_right_answers(answer):
+    assert ch2.check_jacobian_strategy(answer, strict=True).passed
+
+
+def test_check_jacobian_strategy_never_times(monkeypatch):
+    def no_clock(*args, **kwargs):
+        raise AssertionError("the checker must not time anything")
+
+    monkeypatch.setattr(measure, "time_calls", no_clock)
+    monkeypatch.setattr(measure, "time_call", no_clock)
+    assert ch2.check_jacobian_strategy(RIGHT, strict=True).passed
+
+
+STRATEGY_WRONG = [
+    (
+        "one near miss",
+        {**RIGHT, "per_example_losses": "jacfwd"},
+        "per_example_losses: you said jacfwd, but the input has 650 numbers and the output "
+        "128: jacfwd runs 650 JVPs, jacrev 128 VJPs (jacfwd needs 5x more passes)",
+    ),
+    ("all jacfwd", ["jacfwd"] * 4, "mlp_loss: you said jacfwd"),
+    (
+        "typo",
+        {**RIGHT, "decoder": "reverse"},
+        "decoder: answer 'jacfwd' or 'jacrev', got 'reverse'",
+    ),
+    (
+        "bool",
+        {**RIGHT, "decoder": True},
+        "decoder: answer 'jacfwd' or 'jacrev', got True",
+    ),
+    ("bare string", "jacrev", "answer with a dict {case: 'jacfwd' or 'jacrev'}"),
+    ("none", None, "got NoneType"),
+    ("short list", ["jacrev"], "got 1 answers for 4 cases"),
+    (
+        "missing",
+        {"mlp_loss": "jacrev"},
+        "no answer for ['decoder', 'per_example_losses', ",
+    ),
+    ("unknown", {**RIGHT, "hessian": "jacfwd"}, "unknown case(s) ['hessian']"),
+    ("raises", lambda: {}["x"], "your prediction raised KeyError"),
+]
+
+
+@pytest.mark.parametrize(
+    "answer, text", [w[1:] for w in STRATEGY_WRONG], ids=[w[0] for w in STRATEGY_WRONG]
+)
+def test_check_jacobian_strategy_wrong_and_bad_answers(answer, text):
+    fb = ch2.check_jacobian_strategy(answer)
+    assert not fb.passed and fb.attempted
+    assert text in str(fb), str(fb)
+    with pytest.raises(ex.ExerciseFailed):
+        ch2.check_jacobian_strategy(answer, strict=True)
