@@ -183,7 +183,8 @@ def check_sharded_step(
         for n in (1, 2, 4, 8):
             mesh = runtime.demo_mesh(n, "data")
             spec = P("data")
-            mapped = jax.shard_map(step, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)
+            mapped = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(spec, spec, spec),
+                                           out_specs=spec))
             got = exercises.call_answer(mapped, w, X, y, what="your step")
             if exercises.is_stub(got):
                 return exercises.verdict(name, [], attempted=False, strict=strict)
@@ -234,8 +235,8 @@ def check_two_axis_carry(
     problems: list[str] = []
     for shape in ((4, 2), (2, 4)):
         mesh = _mesh(shape)
-        mapped = jax.shard_map(weighted_row_sums, mesh=mesh, in_specs=P("data", "model"),
-                               out_specs=P("data"))
+        mapped = jax.jit(jax.shard_map(weighted_row_sums, mesh=mesh,
+                                       in_specs=P("data", "model"), out_specs=P("data")))
         where = f"on the {shape[0]}x{shape[1]} mesh"
         got = exercises.call_answer(mapped, x, what="your weighted_row_sums")
         if exercises.is_stub(got):
