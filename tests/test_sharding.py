@@ -313,3 +313,33 @@ def test_validate_spec_accepts_tuples_none_and_size_maps():
     assert sharding.validate_spec({"data": 4}, None) == P()
     assert sharding.validate_spec({"data": 4}, ("data", None), (8, 3)) == P("data", None)
     assert sharding.spec_str(P("data", ("data", "model"), None)) == "P('data', ('data', 'model'), None)"
+
+
+# --------------------------------------------------------------- the jvp report's script
+
+
+def _report_script() -> str:
+    """The minimal script of Chapter 4's upstream report (a quoted code block)."""
+    from tools import book
+
+    text = (book.CHAPTERS / "04_shard_map_vma.md").read_text()
+    section = text[text.index("(jvp-hole-report)="):]
+    start = section.index("> ```python\n") + len("> ```python\n")
+    block = section[start:section.index("> ```\n", start)]
+    return "\n".join(line[2:] if line.startswith("> ") else line.lstrip(">")
+                     for line in block.splitlines())
+
+
+def test_jvp_report_script_shows_what_the_report_says():
+    """Run the report's script as a maintainer would: the actual outcome it states."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    run = subprocess.run([sys.executable, "-c", _report_script()], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.split("\n")
+    assert lines[0].split() == ["t:", "float32[2]{V:data}", "tangent:", "float32[2]"]
+    assert lines[1] == "[0. 2.]"
