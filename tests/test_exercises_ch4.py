@@ -48,7 +48,9 @@ def test_predict_vma_accepts_the_pinned_sets_in_any_reasonable_form():
         "pmean(a + b, ('data', 'model'))": None,
     }
     assert ch4.check_predict_vma(forms, strict=True)
-    assert ch4.check_predict_vma(dict(forms, **{"pmean(a + b, ('data', 'model'))": "{}"}), strict=True)
+    assert ch4.check_predict_vma(
+        dict(forms, **{"pmean(a + b, ('data', 'model'))": "{}"}), strict=True
+    )
     assert ch4.check_predict_vma(dict(forms, **{"a + b": "{data, model}"}), strict=True)
 
 
@@ -65,20 +67,28 @@ def test_predict_vma_near_misses_name_the_expression(expr):
 def test_predict_vma_all_gather_is_varying_by_default():
     """The belief the chapter corrects: all_gather's result is not invariant."""
     fb = ch4.check_predict_vma(dict(PINNED, **{"all_gather(a, 'data') + w": set()}))
-    assert "all_gather(a, 'data') + w: you predicted {}, the explainer says {data}" in str(fb)
+    assert (
+        "all_gather(a, 'data') + w: you predicted {}, the explainer says {data}"
+        in str(fb)
+    )
 
 
 PREDICT_BAD = [
     ([1, 2], "answers must be a dict {expression: set of axes}, got list"),
     ({k: v for k, v in PINNED.items() if k != "a + b"}, "no prediction for 'a + b'"),
     (dict(PINNED, extra={"data"}), "unknown expression(s) ['extra']"),
-    (dict(PINNED, **{"a * w": {"i"}}), "a * w: ['i'] is not a mesh axis; the axes are ('data', 'model')"),
+    (
+        dict(PINNED, **{"a * w": {"i"}}),
+        "a * w: ['i'] is not a mesh axis; the axes are ('data', 'model')",
+    ),
     (dict(PINNED, **{"a * w": 3}), "a * w: give a set of mesh axis names"),
     (lambda: 1 / 0, "your predictions raised ZeroDivisionError"),
 ]
 
 
-@pytest.mark.parametrize("answer,quote", PREDICT_BAD, ids=[f"bad{k}" for k in range(len(PREDICT_BAD))])
+@pytest.mark.parametrize(
+    "answer,quote", PREDICT_BAD, ids=[f"bad{k}" for k in range(len(PREDICT_BAD))]
+)
 def test_predict_vma_bad_input(answer, quote):
     fb = ch4.check_predict_vma(answer)
     assert not fb and fb.attempted
@@ -109,13 +119,17 @@ def solution_through_all_gather(w_block, X, y, lr=0.1):
 
 
 def solution_local_then_scatter(w_block, X, y, lr=0.1):
-    w_full = lax.all_gather(w_block, "data", tiled=True)  # varying: local gradients below
+    w_full = lax.all_gather(
+        w_block, "data", tiled=True
+    )  # varying: local gradients below
     g = lax.psum_scatter(jax.grad(_mse)(w_full, X, y), "data", tiled=True)
     return w_block - lr * g / lax.psum(1, "data")
 
 
 def no_pmean(w_block, X, y, lr=0.1):  # the psum_scatter of the transpose sums D means
-    return w_block - lr * jax.grad(lambda v: _mse(lax.all_gather(v, "data", tiled=True), X, y))(w_block)
+    return w_block - lr * jax.grad(
+        lambda v: _mse(lax.all_gather(v, "data", tiled=True), X, y)
+    )(w_block)
 
 
 def sign_error(w_block, X, y, lr=0.1):
@@ -128,22 +142,32 @@ def lr_off_by_one_percent(w_block, X, y):
 
 def own_block_of_local_gradient(w_block, X, y, lr=0.1):
     w_full = lax.all_gather(w_block, "data", tiled=True)
-    g = jax.grad(_mse)(w_full, X, y).reshape(-1, w_block.shape[0])[lax.axis_index("data")]
+    g = jax.grad(_mse)(w_full, X, y).reshape(-1, w_block.shape[0])[
+        lax.axis_index("data")
+    ]
     return w_block - lr * g
 
 
-@pytest.mark.parametrize("step", [solution_through_all_gather, solution_local_then_scatter])
+@pytest.mark.parametrize(
+    "step", [solution_through_all_gather, solution_local_then_scatter]
+)
 def test_sharded_step_right(step):
     fb = ch4.check_sharded_step(step, strict=True)
     assert fb and "1, 2, 4 and 8 devices" in str(fb)
 
 
-@pytest.mark.parametrize("step,quote", [
-    (no_pmean, "on 2 device(s): your update is +2 x the single-device update"),
-    (sign_error, "on 1 device(s): your update is -1 x the single-device update"),
-    (lr_off_by_one_percent, "on 1 device(s): your update is +0.99 x the single-device update"),
-    (own_block_of_local_gradient, "on 2 device(s): your update is"),
-])
+@pytest.mark.parametrize(
+    "step,quote",
+    [
+        (no_pmean, "on 2 device(s): your update is +2 x the single-device update"),
+        (sign_error, "on 1 device(s): your update is -1 x the single-device update"),
+        (
+            lr_off_by_one_percent,
+            "on 1 device(s): your update is +0.99 x the single-device update",
+        ),
+        (own_block_of_local_gradient, "on 2 device(s): your update is"),
+    ],
+)
 def test_sharded_step_near_misses_give_signed_ratios(step, quote):
     fb = ch4.check_sharded_step(step)
     assert not fb and quote in str(fb), str(fb)
@@ -152,16 +176,26 @@ def test_sharded_step_near_misses_give_signed_ratios(step, quote):
 STEP_BAD = [
     (lambda w, X, y: w * jnp.nan, "new w has 8 entries whose nan/inf does not match"),
     (lambda w, X, y: jnp.concatenate([w, w]), "new w has shape (16,), expected (8,)"),
-    (lambda w, X, y: jnp.round(w).astype(jnp.int32), "new w has dtype int32, expected a floating"),
-    (lambda w, X, y: lax.psum(w, "i"),
-     "your step raised AssertionError (no message) (the checker's mesh has axes 'data' of size 1; "
-     "every collective must name one of them)"),
+    (
+        lambda w, X, y: jnp.round(w).astype(jnp.int32),
+        "new w has dtype int32, expected a floating",
+    ),
+    (
+        lambda w, X, y: lax.psum(w, "i"),
+        "your step raised AssertionError (no message) (the checker's mesh has axes 'data' of size 1; "
+        "every collective must name one of them)",
+    ),
     (lambda w, X, y: 1 / 0, "your step raised ZeroDivisionError"),
-    (np.ones(8), "your step should be a function, but you passed a value (ndarray of shape (8,))"),
+    (
+        np.ones(8),
+        "your step should be a function, but you passed a value (ndarray of shape (8,))",
+    ),
 ]
 
 
-@pytest.mark.parametrize("step,quote", STEP_BAD, ids=[f"bad{k}" for k in range(len(STEP_BAD))])
+@pytest.mark.parametrize(
+    "step,quote", STEP_BAD, ids=[f"bad{k}" for k in range(len(STEP_BAD))]
+)
 def test_sharded_step_bad_input(step, quote):
     fb = ch4.check_sharded_step(step)
     assert not fb and fb.attempted
@@ -181,7 +215,9 @@ def _body(xb):
 
 
 def carry_cast(xb):
-    return lax.fori_loop(0, 3, _body(xb), compat.pcast_varying(jnp.zeros(xb.shape[0]), "data"))
+    return lax.fori_loop(
+        0, 3, _body(xb), compat.pcast_varying(jnp.zeros(xb.shape[0]), "data")
+    )
 
 
 def carry_from_psum(xb):
@@ -197,7 +233,9 @@ def carry_like_block(xb):  # varies over model too: out_specs=P("data") refuses 
 
 
 def two_iterations(xb):
-    return lax.fori_loop(0, 2, _body(xb), compat.pcast_varying(jnp.zeros(xb.shape[0]), "data"))
+    return lax.fori_loop(
+        0, 2, _body(xb), compat.pcast_varying(jnp.zeros(xb.shape[0]), "data")
+    )
 
 
 @pytest.mark.parametrize("fn", [carry_cast, carry_from_psum])
@@ -205,30 +243,49 @@ def test_two_axis_carry_right(fn):
     assert ch4.check_two_axis_carry(fn, strict=True)
 
 
-@pytest.mark.parametrize("fn,quote", [
-    (carry_invariant, "on the 4x2 mesh: your weighted_row_sums raised TypeError: scan body function "
-                      "carry input and carry output must have equal types"),
-    (carry_like_block, "on the 4x2 mesh: your weighted_row_sums raised ValueError"),
-    (two_iterations, "on the 4x2 mesh: row sums differs from the reference"),
-    (lambda xb: 6.0 * lax.psum(jnp.sum(xb, axis=1), "model"), "your function has no loop"),
-])
+@pytest.mark.parametrize(
+    "fn,quote",
+    [
+        (
+            carry_invariant,
+            "on the 4x2 mesh: your weighted_row_sums raised TypeError: scan body function "
+            "carry input and carry output must have equal types",
+        ),
+        (carry_like_block, "on the 4x2 mesh: your weighted_row_sums raised ValueError"),
+        (two_iterations, "on the 4x2 mesh: row sums differs from the reference"),
+        (
+            lambda xb: 6.0 * lax.psum(jnp.sum(xb, axis=1), "model"),
+            "your function has no loop",
+        ),
+    ],
+)
 def test_two_axis_carry_near_misses(fn, quote):
     fb = ch4.check_two_axis_carry(fn)
     assert not fb and quote in str(fb), str(fb)
     if fn is carry_like_block:
-        assert "'model'" in str(fb)  # the message names the axis the claim is wrong about
+        assert "'model'" in str(
+            fb
+        )  # the message names the axis the claim is wrong about
 
 
 CARRY_BAD = [
-    (lambda xb: jnp.full(xb.shape[0], jnp.inf) * lax.psum(xb[:, 0], "model"), "nan/inf does not match"),
+    (
+        lambda xb: jnp.full(xb.shape[0], jnp.inf) * lax.psum(xb[:, 0], "model"),
+        "nan/inf does not match",
+    ),
     (lambda xb: lax.psum(xb, "model") * 6, "row sums has shape (8, 4), expected (8,)"),
-    (lambda xb: lax.psum(xb[:, 0], "i"), "(the checker's mesh has axes 'data' of size 4, 'model' of size 2"),
+    (
+        lambda xb: lax.psum(xb[:, 0], "i"),
+        "(the checker's mesh has axes 'data' of size 4, 'model' of size 2",
+    ),
     (lambda xb: xb.undefined_attribute, "your weighted_row_sums raised AttributeError"),
     (np.zeros(8), "you passed a value"),
 ]
 
 
-@pytest.mark.parametrize("fn,quote", CARRY_BAD, ids=[f"bad{k}" for k in range(len(CARRY_BAD))])
+@pytest.mark.parametrize(
+    "fn,quote", CARRY_BAD, ids=[f"bad{k}" for k in range(len(CARRY_BAD))]
+)
 def test_two_axis_carry_bad_input(fn, quote):
     fb = ch4.check_two_axis_carry(fn)
     assert not fb and fb.attempted and quote in str(fb), str(fb)

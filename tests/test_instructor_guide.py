@@ -21,8 +21,8 @@ import pytest
 from jax import lax
 
 from beyondgrad import compat, implicit, linear, tracers
-from beyondgrad.exercises import ch4
 from beyondgrad import laplacian as L
+from beyondgrad.exercises import ch4
 from tools import book
 
 GUIDE = book.ROOT / "instructor_guide.md"

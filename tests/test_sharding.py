@@ -27,8 +27,12 @@ def make(shape, names, kind):
     if kind == "default":
         with warnings.catch_warnings():  # 0.8.x warns that the default will change
             warnings.simplefilter("ignore", DeprecationWarning)
-            return jax.make_mesh(tuple(shape), tuple(names), devices=jax.devices()[: int(np.prod(shape))])
-    return compat.make_mesh(shape, names, axis_types=kind, devices=jax.devices()[: int(np.prod(shape))])
+            return jax.make_mesh(
+                tuple(shape), tuple(names), devices=jax.devices()[: int(np.prod(shape))]
+            )
+    return compat.make_mesh(
+        shape, names, axis_types=kind, devices=jax.devices()[: int(np.prod(shape))]
+    )
 
 
 def test_default_make_mesh_axis_type_is_the_documented_one():
@@ -55,8 +59,12 @@ def test_explainer_matches_typeof_inside_shard_map(mesh42):
         d = c + b  # {data, model}
         e = lax.psum(d, "data")  # {model}
         g = lax.pmean(e, "model")  # {}
-        seen.update(c=compat.varying_axes(c), d=compat.varying_axes(d),
-                    e=compat.varying_axes(e), g=compat.varying_axes(g))
+        seen.update(
+            c=compat.varying_axes(c),
+            d=compat.varying_axes(d),
+            e=compat.varying_axes(e),
+            g=compat.varying_axes(g),
+        )
         return c, d, e, g
 
     args = (jnp.ones(8), jnp.ones(4), jnp.ones(2))
@@ -79,8 +87,13 @@ def test_explainer_matches_typeof_inside_shard_map(mesh42):
 
 
 def test_explainer_accepts_shape_dtype_structs(mesh42):
-    structs = (jax.ShapeDtypeStruct((8, 4), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.int32))
-    rep = sharding.explain_vma(lambda a, b: a[:, :1] * b, mesh42, (P("data"), P()), *structs)
+    structs = (
+        jax.ShapeDtypeStruct((8, 4), jnp.float32),
+        jax.ShapeDtypeStruct((4,), jnp.int32),
+    )
+    rep = sharding.explain_vma(
+        lambda a, b: a[:, :1] * b, mesh42, (P("data"), P()), *structs
+    )
     assert rep.out_types == ("f32[2,4]{V:data}",)
 
 
@@ -91,16 +104,21 @@ def test_explainer_walks_nested_jaxprs(mesh42):
 
     rep = sharding.explain_vma(f, mesh42, P("data"), jnp.ones(8))
     nested = [r for r in rep.rows if r.where]
-    assert any(r.where.startswith("scan") and r.primitive == "add"
-               and r.out_vma == (frozenset({"data"}),) for r in nested)
+    assert any(
+        r.where.startswith("scan")
+        and r.primitive == "add"
+        and r.out_vma == (frozenset({"data"}),)
+        for r in nested
+    )
     assert any(r.where.startswith("cond.branches") for r in nested)
     assert rep.count("scan") == 1 and rep.out_vma == (frozenset({"data"}),)
     assert "scan" in rep.primitives(where="")
 
 
 def test_explainer_check_vma_false_has_no_types(mesh42):
-    rep = sharding.explain_vma(lambda a: lax.psum(a, "data"), mesh42, P("data"), jnp.ones(8),
-                               check_vma=False)
+    rep = sharding.explain_vma(
+        lambda a: lax.psum(a, "data"), mesh42, P("data"), jnp.ones(8), check_vma=False
+    )
     assert all(not v for r in rep.rows for v in r.in_vma + r.out_vma)
     assert rep.primitives() == ["psum"]
 
@@ -108,7 +126,9 @@ def test_explainer_check_vma_false_has_no_types(mesh42):
 def test_explainer_out_specs_are_checked(mesh42):
     with pytest.raises(ValueError, match="out_specs"):
         sharding.explain_vma(lambda a: a, mesh42, P("data"), jnp.ones(8), out_specs=P())
-    rep = sharding.explain_vma(lambda a: a, mesh42, P("data"), jnp.ones(8), out_specs=P("data"))
+    rep = sharding.explain_vma(
+        lambda a: a, mesh42, P("data"), jnp.ones(8), out_specs=P("data")
+    )
     assert rep.out_vma == (frozenset({"data"}),)
 
 
@@ -117,16 +137,32 @@ def test_explainer_out_specs_are_checked(mesh42):
 # all_to_all are their own kind, a cast to varying (pvary) <-> psum_invariant.
 TRANSPOSES = [
     ("all_gather", lambda a: lax.all_gather(a, "data"), P("data"), ["reduce_scatter"]),
-    ("psum_scatter", lambda a: lax.psum_scatter(a, "data", tiled=True), P("data"), ["all_gather"]),
-    ("ppermute", lambda a: lax.ppermute(a, "data", [(k, (k + 1) % 4) for k in range(4)]),
-     P("data"), ["ppermute"]),
-    ("all_to_all", lambda a: lax.all_to_all(a, "data", 0, 0, tiled=True), P("data"), ["all_to_all"]),
+    (
+        "psum_scatter",
+        lambda a: lax.psum_scatter(a, "data", tiled=True),
+        P("data"),
+        ["all_gather"],
+    ),
+    (
+        "ppermute",
+        lambda a: lax.ppermute(a, "data", [(k, (k + 1) % 4) for k in range(4)]),
+        P("data"),
+        ["ppermute"],
+    ),
+    (
+        "all_to_all",
+        lambda a: lax.all_to_all(a, "data", 0, 0, tiled=True),
+        P("data"),
+        ["all_to_all"],
+    ),
     ("psum", lambda a: lax.psum(a, "data"), P("data"), ["pvary"]),
     ("pcast", lambda w: compat.pcast_varying(w, "data"), P(), ["psum_invariant"]),
 ]
 
 
-@pytest.mark.parametrize("name,op,spec,want", TRANSPOSES, ids=[t[0] for t in TRANSPOSES])
+@pytest.mark.parametrize(
+    "name,op,spec,want", TRANSPOSES, ids=[t[0] for t in TRANSPOSES]
+)
 def test_explain_transpose_pins_each_collective(mesh42, name, op, spec, want):
     rep = sharding.explain_transpose(op, mesh42, spec, jnp.ones(16))
     assert rep.primitives() == want
@@ -136,7 +172,9 @@ def test_explain_transpose_pins_each_collective(mesh42, name, op, spec, want):
 
 def test_explain_transpose_of_nonlinear_pmax_raises(mesh42):
     with pytest.raises(NotImplementedError, match="pmax"):
-        sharding.explain_transpose(lambda a: lax.pmax(a, "data"), mesh42, P("data"), jnp.ones(8))
+        sharding.explain_transpose(
+            lambda a: lax.pmax(a, "data"), mesh42, P("data"), jnp.ones(8)
+        )
 
 
 # ------------------------------------------------------------------- data-parallel gradient
@@ -144,8 +182,11 @@ def test_explain_transpose_of_nonlinear_pmax_raises(mesh42):
 
 def _mlp_params(key):
     k1, k2, k3 = jax.random.split(key, 3)
-    return {"w1": jax.random.normal(k1, (3, 5)) / 2, "b1": 0.1 * jax.random.normal(k3, (5,)),
-            "w2": jax.random.normal(k2, (5,))}
+    return {
+        "w1": jax.random.normal(k1, (3, 5)) / 2,
+        "b1": 0.1 * jax.random.normal(k3, (5,)),
+        "w2": jax.random.normal(k2, (5,)),
+    }
 
 
 def _mlp_loss(params, batch):
@@ -161,7 +202,9 @@ def test_data_parallel_grad_matches_single_device_float64(n, kind):
         kx, ky = jax.random.split(jax.random.PRNGKey(10 + n))
         batch = {"x": jax.random.normal(kx, (16, 3)), "y": jax.random.normal(ky, (16,))}
         mesh = make((n,), ("data",), kind)
-        loss, grads = sharding.data_parallel_value_and_grad(_mlp_loss, mesh, "data")(params, batch)
+        loss, grads = sharding.data_parallel_value_and_grad(_mlp_loss, mesh, "data")(
+            params, batch
+        )
         ref_loss, ref_grads = jax.value_and_grad(_mlp_loss)(params, batch)
         assert grads["w1"].dtype == jnp.float64
         np.testing.assert_allclose(loss, ref_loss, rtol=1e-12)
@@ -178,8 +221,9 @@ def test_data_parallel_grad_on_a_2d_mesh_and_presharded_inputs(kind):
         X, y, w = rng.normal(size=(8, 3)), rng.normal(size=8), rng.normal(size=3)
         X_put = jax.device_put(X, NamedSharding(mesh, P(None, None)))
         loss_fn = lambda w, b: jnp.sum((b[0] @ w - b[1]) ** 2)  # noqa: E731
-        loss, g = sharding.data_parallel_value_and_grad(loss_fn, mesh, "data", reduction="sum")(
-            w, (X_put, y))
+        loss, g = sharding.data_parallel_value_and_grad(
+            loss_fn, mesh, "data", reduction="sum"
+        )(w, (X_put, y))
     np.testing.assert_allclose(g, 2 * X.T @ (X @ w - y), rtol=1e-12)
     np.testing.assert_allclose(loss, np.sum((X @ w - y) ** 2), rtol=1e-12)
 
@@ -195,8 +239,12 @@ def test_data_parallel_grad_closed_form_sum_reduction(n):
     mesh = runtime.demo_mesh(n, "data")
     loss_fn = lambda w, b: jnp.sum((b[0] @ w - b[1]) ** 2)  # noqa: E731
     with jax.default_matmul_precision("highest"):
-        loss, g = sharding.data_parallel_value_and_grad(loss_fn, mesh, "data", reduction="sum")(
-            jnp.asarray(w, jnp.float32), (jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)))
+        loss, g = sharding.data_parallel_value_and_grad(
+            loss_fn, mesh, "data", reduction="sum"
+        )(
+            jnp.asarray(w, jnp.float32),
+            (jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)),
+        )
     ref = 2 * X.T @ (X @ w - y)
     np.testing.assert_allclose(g, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
     np.testing.assert_allclose(loss, np.sum((X @ w - y) ** 2), rtol=2e-5)
@@ -206,16 +254,19 @@ def test_naive_pmean_is_off_by_device_count():
     """The bug the helper avoids: grad inside shard_map is already summed over devices."""
     mesh = runtime.demo_mesh(8, "data")
     rng = np.random.default_rng(3)
-    X, y, w = (jnp.asarray(a, jnp.float32) for a in (rng.normal(size=(16, 3)),
-                                                     rng.normal(size=16), rng.normal(size=3)))
+    X, y, w = (
+        jnp.asarray(a, jnp.float32)
+        for a in (rng.normal(size=(16, 3)), rng.normal(size=16), rng.normal(size=3))
+    )
     mse = lambda w, X, y: jnp.mean((X @ w - y) ** 2)  # noqa: E731
 
     def naive(w, X, y):
         return lax.pmean(jax.grad(mse)(w, X, y), "data")
 
     with jax.default_matmul_precision("highest"):
-        got = jax.shard_map(naive, mesh=mesh, in_specs=(P(), P("data"), P("data")),
-                            out_specs=P())(w, X, y)
+        got = jax.shard_map(
+            naive, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=P()
+        )(w, X, y)
         ref = jax.grad(mse)(w, X, y)
     np.testing.assert_allclose(got, 8 * ref, rtol=1e-5)
 
@@ -262,48 +313,140 @@ _f = lambda a: a  # noqa: E731
 
 BAD_INPUTS = [
     # (call, exception class, message pattern)
-    (lambda m: sharding.explain_vma(_f, m, P("z"), jnp.ones((8, 4))), ValueError, "'z'.*mesh axes are"),
-    (lambda m: sharding.explain_vma(_f, m, P("data", None, "model"), jnp.ones((8, 4))),
-     ValueError, r"P\('data', None, 'model'\).*rank 2"),
-    (lambda m: sharding.explain_vma(_f, m, P("data"), jnp.ones(6)), ValueError, "not divisible by 4"),
-    (lambda m: sharding.explain_vma(_f, m, P("data", "data"), jnp.ones((8, 8))), ValueError, "twice"),
-    (lambda m: sharding.explain_vma(_f, m, P("data"), jnp.ones(8), out_specs=P("q")), ValueError, "'q'"),
-    (lambda m: sharding.explain_vma(_f, {"data": 4}, P("data"), jnp.ones(8)), TypeError,
-     r"jax.sharding.Mesh \(e.g. jax.make_mesh"),
-    (lambda m: sharding.explain_vma(3, m, P("data"), jnp.ones(8)), TypeError, "pass the function"),
-    (lambda m: sharding.explain_vma(_f, m, "data", jnp.ones(8)), TypeError, r"such as P\('data'\)"),
-    (lambda m: sharding.explain_vma(_f, m, (P("data"), P()), jnp.ones(8)), ValueError,
-     "does not match the structure"),
-    (lambda m: sharding.explain_transpose("psum", m, P("data"), jnp.ones(8)), TypeError, "function"),
-    (lambda m: sharding.data_parallel_value_and_grad(_mlp_loss, m, "batch"), ValueError,
-     "'batch' is not a mesh axis"),
-    (lambda m: sharding.data_parallel_value_and_grad(_mlp_loss, m, ("data",)), TypeError, "one mesh axis"),
-    (lambda m: sharding.data_parallel_value_and_grad(_mlp_loss, m, "data", reduction="max"),
-     ValueError, "'mean' or 'sum'"),
-    (lambda m: sharding.data_parallel_value_and_grad(None, m, "data"), TypeError, "loss_fn"),
-    (lambda m: sharding.data_parallel_value_and_grad(_mlp_loss, {"data": 8}), TypeError,
-     "jax.sharding.Mesh"),
-    (lambda m: sharding.data_parallel_value_and_grad(lambda w, b: jnp.sum(b * w), m, "data")(
-        1.0, jnp.ones(6)), ValueError, "not divisible by 4"),
-    (lambda m: sharding.data_parallel_value_and_grad(lambda w, b: jnp.sum(b[0] * w), m, "data")(
-        1.0, (jnp.ones(8), jnp.ones(4))), ValueError, "leading size"),
-    (lambda m: sharding.data_parallel_value_and_grad(lambda w, b: b * w, m, "data")(1.0, jnp.ones(8)),
-     TypeError, "scalar"),
-    (lambda m: sharding.data_parallel_value_and_grad(lambda w, b: jnp.sum(w), m, "data")(1.0, ()),
-     ValueError, "no arrays"),
+    (
+        lambda m: sharding.explain_vma(_f, m, P("z"), jnp.ones((8, 4))),
+        ValueError,
+        "'z'.*mesh axes are",
+    ),
+    (
+        lambda m: sharding.explain_vma(
+            _f, m, P("data", None, "model"), jnp.ones((8, 4))
+        ),
+        ValueError,
+        r"P\('data', None, 'model'\).*rank 2",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, m, P("data"), jnp.ones(6)),
+        ValueError,
+        "not divisible by 4",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, m, P("data", "data"), jnp.ones((8, 8))),
+        ValueError,
+        "twice",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, m, P("data"), jnp.ones(8), out_specs=P("q")),
+        ValueError,
+        "'q'",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, {"data": 4}, P("data"), jnp.ones(8)),
+        TypeError,
+        r"jax.sharding.Mesh \(e.g. jax.make_mesh",
+    ),
+    (
+        lambda m: sharding.explain_vma(3, m, P("data"), jnp.ones(8)),
+        TypeError,
+        "pass the function",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, m, "data", jnp.ones(8)),
+        TypeError,
+        r"such as P\('data'\)",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, m, (P("data"), P()), jnp.ones(8)),
+        ValueError,
+        "does not match the structure",
+    ),
+    (
+        lambda m: sharding.explain_transpose("psum", m, P("data"), jnp.ones(8)),
+        TypeError,
+        "function",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(_mlp_loss, m, "batch"),
+        ValueError,
+        "'batch' is not a mesh axis",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(_mlp_loss, m, ("data",)),
+        TypeError,
+        "one mesh axis",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(
+            _mlp_loss, m, "data", reduction="max"
+        ),
+        ValueError,
+        "'mean' or 'sum'",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(None, m, "data"),
+        TypeError,
+        "loss_fn",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(_mlp_loss, {"data": 8}),
+        TypeError,
+        "jax.sharding.Mesh",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(
+            lambda w, b: jnp.sum(b * w), m, "data"
+        )(1.0, jnp.ones(6)),
+        ValueError,
+        "not divisible by 4",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(
+            lambda w, b: jnp.sum(b[0] * w), m, "data"
+        )(1.0, (jnp.ones(8), jnp.ones(4))),
+        ValueError,
+        "leading size",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(lambda w, b: b * w, m, "data")(
+            1.0, jnp.ones(8)
+        ),
+        TypeError,
+        "scalar",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(
+            lambda w, b: jnp.sum(w), m, "data"
+        )(1.0, ()),
+        ValueError,
+        "no arrays",
+    ),
     (lambda m: sharding.block_layout((2, 4), P("z"), (8, 8)), ValueError, "'z'"),
-    (lambda m: sharding.block_layout((2, 4), P("data", None, None), (8, 8)), ValueError, "3 entries"),
-    (lambda m: sharding.block_layout((2, 4), P("model"), (6, 8)), ValueError, "not divisible"),
+    (
+        lambda m: sharding.block_layout((2, 4), P("data", None, None), (8, 8)),
+        ValueError,
+        "3 entries",
+    ),
+    (
+        lambda m: sharding.block_layout((2, 4), P("model"), (6, 8)),
+        ValueError,
+        "not divisible",
+    ),
     (lambda m: sharding.block_layout((2, 4, 1), P(), (8, 8)), ValueError, "axis_names"),
     (lambda m: sharding.block_layout((2, 0), P(), (8, 8)), ValueError, ">= 1"),
     (lambda m: sharding.block_layout(m, P(), (8, 8)), TypeError, "mesh.devices.shape"),
-    (lambda m: sharding.block_layout((2, 4), P(), "eight"), TypeError, "sequences of ints"),
+    (
+        lambda m: sharding.block_layout((2, 4), P(), "eight"),
+        TypeError,
+        "sequences of ints",
+    ),
     (lambda m: sharding.validate_spec(m, 3), TypeError, "PartitionSpec"),
     (lambda m: sharding.validate_spec(m, P(("data", 1))), TypeError, "entry"),
 ]
 
 
-@pytest.mark.parametrize("call,exc,pattern", BAD_INPUTS, ids=[f"bad{k}" for k in range(len(BAD_INPUTS))])
+@pytest.mark.parametrize(
+    "call,exc,pattern", BAD_INPUTS, ids=[f"bad{k}" for k in range(len(BAD_INPUTS))]
+)
 def test_bad_input_is_named(mesh42, call, exc, pattern):
     with pytest.raises(exc, match=pattern):
         call(mesh42)
@@ -311,8 +454,13 @@ def test_bad_input_is_named(mesh42, call, exc, pattern):
 
 def test_validate_spec_accepts_tuples_none_and_size_maps():
     assert sharding.validate_spec({"data": 4}, None) == P()
-    assert sharding.validate_spec({"data": 4}, ("data", None), (8, 3)) == P("data", None)
-    assert sharding.spec_str(P("data", ("data", "model"), None)) == "P('data', ('data', 'model'), None)"
+    assert sharding.validate_spec({"data": 4}, ("data", None), (8, 3)) == P(
+        "data", None
+    )
+    assert (
+        sharding.spec_str(P("data", ("data", "model"), None))
+        == "P('data', ('data', 'model'), None)"
+    )
 
 
 # --------------------------------------------------------------- the jvp report's script
@@ -323,11 +471,13 @@ def _report_script() -> str:
     from tools import book
 
     text = (book.CHAPTERS / "04_shard_map_vma.md").read_text()
-    section = text[text.index("(jvp-hole-report)="):]
+    section = text[text.index("(jvp-hole-report)=") :]
     start = section.index("> ```python\n") + len("> ```python\n")
-    block = section[start:section.index("> ```\n", start)]
-    return "\n".join(line[2:] if line.startswith("> ") else line.lstrip(">")
-                     for line in block.splitlines())
+    block = section[start : section.index("> ```\n", start)]
+    return "\n".join(
+        line[2:] if line.startswith("> ") else line.lstrip(">")
+        for line in block.splitlines()
+    )
 
 
 def test_jvp_report_script_shows_what_the_report_says():
@@ -336,9 +486,18 @@ def test_jvp_report_script_shows_what_the_report_says():
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    run = subprocess.run([sys.executable, "-c", _report_script()], capture_output=True,
-                         text=True, env=env, timeout=300)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", _report_script()],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.split("\n")
     assert lines[0].split() == ["t:", "float32[2]{V:data}", "tangent:", "float32[2]"]

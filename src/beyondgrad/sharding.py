@@ -60,7 +60,9 @@ SpecLike = P | tuple | list | None
 #: A pytree of specs (a prefix of the arguments' pytree), as ``shard_map`` takes.
 Specs = Any
 
-_MESH_HINT = "e.g. jax.make_mesh((8,), ('data',)) or beyondgrad.runtime.demo_mesh(8, 'data')"
+_MESH_HINT = (
+    "e.g. jax.make_mesh((8,), ('data',)) or beyondgrad.runtime.demo_mesh(8, 'data')"
+)
 
 # --------------------------------------------------------------------------------------
 # Validating meshes and specs
@@ -69,7 +71,9 @@ _MESH_HINT = "e.g. jax.make_mesh((8,), ('data',)) or beyondgrad.runtime.demo_mes
 
 def _require_mesh(mesh: object, what: str = "mesh") -> Mesh:
     if not isinstance(mesh, Mesh):
-        raise TypeError(f"{what} must be a jax.sharding.Mesh ({_MESH_HINT}), got {type(mesh).__name__}")
+        raise TypeError(
+            f"{what} must be a jax.sharding.Mesh ({_MESH_HINT}), got {type(mesh).__name__}"
+        )
     return mesh
 
 
@@ -118,11 +122,15 @@ def validate_spec(
         if spec is None:
             spec = P()
         elif isinstance(spec, str):
-            raise TypeError(f"{what} must be a PartitionSpec such as P({spec!r}), got the string {spec!r}")
+            raise TypeError(
+                f"{what} must be a PartitionSpec such as P({spec!r}), got the string {spec!r}"
+            )
         elif isinstance(spec, (tuple, list)):
             spec = P(*spec)
         else:
-            raise TypeError(f"{what} must be a jax.sharding.PartitionSpec, got {type(spec).__name__}: {spec!r}")
+            raise TypeError(
+                f"{what} must be a jax.sharding.PartitionSpec, got {type(spec).__name__}: {spec!r}"
+            )
     shown = spec_str(spec)
     seen: list[str] = []
     for entry in spec:
@@ -158,15 +166,21 @@ def _is_spec(s: object) -> bool:
     return isinstance(s, P) or s is None
 
 
-def validate_specs(mesh: Mesh | Mapping[str, int], specs: Specs, args: Any, *, what: str = "in_specs") -> None:
+def validate_specs(
+    mesh: Mesh | Mapping[str, int], specs: Specs, args: Any, *, what: str = "in_specs"
+) -> None:
     """Validate a pytree of PartitionSpecs (a prefix of ``args``) against mesh and shapes."""
     if isinstance(specs, str):
-        raise TypeError(f"{what} must be a PartitionSpec or a tuple of them, such as P({specs!r}); got a string")
+        raise TypeError(
+            f"{what} must be a PartitionSpec or a tuple of them, such as P({specs!r}); got a string"
+        )
     spec_leaves, spec_def = jax.tree_util.tree_flatten(specs, is_leaf=_is_spec)
     try:
         arg_groups = spec_def.flatten_up_to(args)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{what} {specs!r} does not match the structure of the arguments: {e}") from None
+        raise ValueError(
+            f"{what} {specs!r} does not match the structure of the arguments: {e}"
+        ) from None
     for k, (spec, sub) in enumerate(zip(spec_leaves, arg_groups)):
         name = f"{what}[{k}]" if len(spec_leaves) > 1 else what
         for leaf in jax.tree_util.tree_leaves(sub):
@@ -251,7 +265,14 @@ class VmaReport:
 
     def table(self) -> str:
         """The report as a fixed-width text table."""
-        head = ("#", "where", "primitive", "inputs vary over", "outputs vary over", "output types")
+        head = (
+            "#",
+            "where",
+            "primitive",
+            "inputs vary over",
+            "outputs vary over",
+            "output types",
+        )
         body = [
             (
                 str(r.index),
@@ -263,7 +284,10 @@ class VmaReport:
             )
             for r in self.rows
         ]
-        widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
+        widths = [
+            max(len(h), *(len(row[i]) for row in body)) if body else len(h)
+            for i, h in enumerate(head)
+        ]
 
         def line(cells: Sequence[str]) -> str:
             return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
@@ -347,7 +371,9 @@ def explain_vma(
     Raises ``ValueError`` naming the axis/spec for specs that do not fit mesh or args.
     """
     if not callable(f):
-        raise TypeError(f"f must be a function, got {type(f).__name__}; pass the function itself")
+        raise TypeError(
+            f"f must be a function, got {type(f).__name__}; pass the function itself"
+        )
     _require_mesh(mesh)
     validate_specs(mesh, in_specs, args, what="in_specs")
     if out_specs is not None:
@@ -389,7 +415,9 @@ def explain_vma(
     )
 
 
-def explain_transpose(f: Callable[..., Any], mesh: Mesh, in_specs: Specs, *args: Any) -> VmaReport:
+def explain_transpose(
+    f: Callable[..., Any], mesh: Mesh, in_specs: Specs, *args: Any
+) -> VmaReport:
     """The :func:`explain_vma` report of the *transpose* of a linear ``f``.
 
     Inside ``shard_map``, ``f`` is applied to the blocks, and ``jax.linear_transpose(f,
@@ -401,14 +429,19 @@ def explain_transpose(f: Callable[..., Any], mesh: Mesh, in_specs: Specs, *args:
     primitive with no transpose rule).
     """
     if not callable(f):
-        raise TypeError(f"f must be a function, got {type(f).__name__}; pass the function itself")
+        raise TypeError(
+            f"f must be a function, got {type(f).__name__}; pass the function itself"
+        )
     forward = explain_vma(f, mesh, in_specs, *args)
 
     def round_trip(*blocks: Any) -> Any:
         return jax.linear_transpose(f, *blocks)(f(*blocks))
 
     both = explain_vma(round_trip, mesh, in_specs, *args)
-    rows = tuple(dataclasses.replace(r, index=k) for k, r in enumerate(both.rows[len(forward.rows):]))
+    rows = tuple(
+        dataclasses.replace(r, index=k)
+        for k, r in enumerate(both.rows[len(forward.rows) :])
+    )
     return dataclasses.replace(both, rows=rows)
 
 
@@ -450,7 +483,9 @@ def data_parallel_value_and_grad(
     if not isinstance(axis, str):
         raise TypeError(f"axis must be one mesh axis name (a str), got {axis!r}")
     if axis not in mesh.axis_names:
-        raise ValueError(f"axis {axis!r} is not a mesh axis; the mesh axes are {tuple(mesh.axis_names)}")
+        raise ValueError(
+            f"axis {axis!r} is not a mesh axis; the mesh axes are {tuple(mesh.axis_names)}"
+        )
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     collective = lax.pmean if reduction == "mean" else lax.psum
@@ -459,7 +494,9 @@ def data_parallel_value_and_grad(
         def global_loss(p: Any) -> jax.Array:
             local = loss_fn(p, batch)
             if jnp.ndim(local) != 0:
-                raise TypeError(f"loss_fn must return a scalar, got shape {jnp.shape(local)}")
+                raise TypeError(
+                    f"loss_fn must return a scalar, got shape {jnp.shape(local)}"
+                )
             return collective(local, axis)
 
         return jax.value_and_grad(global_loss)(params)
@@ -472,10 +509,14 @@ def data_parallel_value_and_grad(
             validate_spec(mesh, P(axis), np.shape(leaf), what=f"batch spec P({axis!r})")
         n = {np.shape(leaf)[0] for leaf in leaves}
         if len(n) != 1:
-            raise ValueError(f"every batch leaf must have the same leading size (examples), got {sorted(n)}")
+            raise ValueError(
+                f"every batch leaf must have the same leading size (examples), got {sorted(n)}"
+            )
         specs = (P(), P(axis))
         params, batch = _place(mesh, specs, (params, batch))
-        mapped = jax.shard_map(per_shard, mesh=mesh, in_specs=specs, out_specs=(P(), P()))
+        mapped = jax.shard_map(
+            per_shard, mesh=mesh, in_specs=specs, out_specs=(P(), P())
+        )
         return mapped(params, batch)
 
     return jax.jit(run)
@@ -546,7 +587,9 @@ def block_layout(
     Axes not named by the spec do not split anything: devices along them hold copies.
     """
     if isinstance(mesh_shape, Mesh):
-        raise TypeError("mesh_shape is a tuple of sizes: pass mesh.devices.shape and mesh.axis_names")
+        raise TypeError(
+            "mesh_shape is a tuple of sizes: pass mesh.devices.shape and mesh.axis_names"
+        )
     if isinstance(axis_names, str):
         axis_names = (axis_names,)
     try:
@@ -580,4 +623,6 @@ def block_layout(
             blk.append(slice(k * step, (k + 1) * step))
         blocks.append(tuple(blk))
     varying = frozenset(a for names in entries for a in names)
-    return BlockLayout(mesh_shape, axis_names, spec, array_shape, tuple(blocks), varying)
+    return BlockLayout(
+        mesh_shape, axis_names, spec, array_shape, tuple(blocks), varying
+    )

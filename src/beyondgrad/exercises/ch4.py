@@ -50,7 +50,9 @@ def _vma_expressions() -> dict[str, Callable[..., Any]]:
         "a + b": lambda a, b, w: a + b,
         "psum(a * b, 'data')": lambda a, b, w: lax.psum(a * b, "data"),
         "all_gather(a, 'data') + w": lambda a, b, w: lax.all_gather(a, "data") + w,
-        "pmean(a + b, ('data', 'model'))": lambda a, b, w: lax.pmean(a + b, ("data", "model")),
+        "pmean(a + b, ('data', 'model'))": lambda a, b, w: lax.pmean(
+            a + b, ("data", "model")
+        ),
     }
 
 
@@ -64,14 +66,21 @@ def _mesh(shape: tuple[int, ...], names: tuple[str, ...] = AXES) -> Mesh:
 
 
 def _mesh_words(mesh: Mesh) -> str:
-    sizes = ", ".join(f"{a!r} of size {n}" for a, n in zip(mesh.axis_names, mesh.devices.shape))
-    return f"the checker's mesh has axes {sizes}; every collective must name one of them"
+    sizes = ", ".join(
+        f"{a!r} of size {n}" for a, n in zip(mesh.axis_names, mesh.devices.shape)
+    )
+    return (
+        f"the checker's mesh has axes {sizes}; every collective must name one of them"
+    )
 
 
 def _explained_vma() -> dict[str, frozenset[str]]:
     mesh = _mesh((4, 2))
-    args = (jax.ShapeDtypeStruct((8,), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.float32),
-            jax.ShapeDtypeStruct((2,), jnp.float32))
+    args = (
+        jax.ShapeDtypeStruct((8,), jnp.float32),
+        jax.ShapeDtypeStruct((4,), jnp.float32),
+        jax.ShapeDtypeStruct((2,), jnp.float32),
+    )
     return {
         name: sharding.explain_vma(fn, mesh, _VMA_SPECS, *args).out_vma[0]
         for name, fn in _vma_expressions().items()
@@ -118,8 +127,12 @@ def check_predict_vma(answers: Any, *, strict: bool = False) -> exercises.Feedba
         return exercises.verdict(name, [msg], strict=strict)
     if not isinstance(answers, Mapping):
         return exercises.verdict(
-            name, [f"answers must be a dict {{expression: set of axes}}, got {type(answers).__name__}"],
-            strict=strict)
+            name,
+            [
+                f"answers must be a dict {{expression: set of axes}}, got {type(answers).__name__}"
+            ],
+            strict=strict,
+        )
     want = _explained_vma()
     given = {str(k).strip(): v for k, v in answers.items()}
     problems = []
@@ -131,7 +144,9 @@ def check_predict_vma(answers: Any, *, strict: bool = False) -> exercises.Feedba
         if isinstance(got, str):
             problems.append(f"{expr}: {got}")
         elif got - set(AXES):
-            problems.append(f"{expr}: {sorted(got - set(AXES))} is not a mesh axis; the axes are {AXES}")
+            problems.append(
+                f"{expr}: {sorted(got - set(AXES))} is not a mesh axis; the axes are {AXES}"
+            )
         elif got != axes:
             problems.append(
                 f"{expr}: you predicted {sharding._fmt_axes(got)}, the explainer says {sharding._fmt_axes(axes)}"
@@ -139,7 +154,9 @@ def check_predict_vma(answers: Any, *, strict: bool = False) -> exercises.Feedba
     extra = sorted(set(given) - set(want))
     if extra:
         problems.append(f"unknown expression(s) {extra}; the five are {list(want)}")
-    return exercises.verdict(name, problems, success="all five match the explainer", strict=strict)
+    return exercises.verdict(
+        name, problems, success="all five match the explainer", strict=strict
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -147,7 +164,9 @@ def check_predict_vma(answers: Any, *, strict: bool = False) -> exercises.Feedba
 # --------------------------------------------------------------------------------------
 
 
-def step_problem(n: int = 16, d: int = 8, seed: int = 0) -> tuple[jax.Array, jax.Array, jax.Array]:
+def step_problem(
+    n: int = 16, d: int = 8, seed: int = 0
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Least squares data for exercise 4.2: ``w`` (d,), ``X`` (n, d), ``y`` (n,)."""
     key_w, key_x, key_n = jax.random.split(jax.random.PRNGKey(seed), 3)
     w = jax.random.normal(key_w, (d,))
@@ -166,7 +185,10 @@ STEP_RTOL = 1e-5
 
 
 def check_sharded_step(
-    step: Callable[[jax.Array, jax.Array, jax.Array], jax.Array], *, lr: float = 0.1, strict: bool = False
+    step: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+    *,
+    lr: float = 0.1,
+    strict: bool = False,
 ) -> exercises.Feedback:
     """``step(w_block, X_block, y_block)`` runs inside ``shard_map`` on a 1-D mesh with
     axis ``"data"`` (w, X and y all ``P("data")``, out ``P("data")``) and must return this
@@ -185,8 +207,11 @@ def check_sharded_step(
         for n in (1, 2, 4, 8):
             mesh = runtime.demo_mesh(n, "data")
             spec = P("data")
-            mapped = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(spec, spec, spec),
-                                           out_specs=spec))
+            mapped = jax.jit(
+                jax.shard_map(
+                    step, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec
+                )
+            )
             got = exercises.call_answer(mapped, w, X, y, what="your step")
             if exercises.is_stub(got):
                 return exercises.verdict(name, [], attempted=False, strict=strict)
@@ -194,11 +219,20 @@ def check_sharded_step(
             if msg:
                 problems.append(f"on {n} device(s): {msg} ({_mesh_words(mesh)})")
                 break
-            bad = exercises.tree_mismatches(got, want, rtol=STEP_RTOL, atol=1e-6, name="new w",
-                                            allow_python_scalars=False)
+            bad = exercises.tree_mismatches(
+                got,
+                want,
+                rtol=STEP_RTOL,
+                atol=1e-6,
+                name="new w",
+                allow_python_scalars=False,
+            )
             if bad:
                 if np.shape(got) == np.shape(want) and np.all(np.isfinite(got)):
-                    full, taken = np.asarray(w - want, np.float64), np.asarray(w - got, np.float64)
+                    full, taken = (
+                        np.asarray(w - want, np.float64),
+                        np.asarray(w - got, np.float64),
+                    )
                     ratio = float(taken @ full / (full @ full))
                     problems.append(
                         f"on {n} device(s): your update is {ratio:+.3g} x the single-device update "
@@ -208,7 +242,10 @@ def check_sharded_step(
                     problems.append(f"on {n} device(s): {bad[0]}")
                 break
     return exercises.verdict(
-        name, problems, success="same new parameters as one device on 1, 2, 4 and 8 devices", strict=strict
+        name,
+        problems,
+        success="same new parameters as one device on 1, 2, 4 and 8 devices",
+        strict=strict,
     )
 
 
@@ -240,8 +277,14 @@ def check_two_axis_carry(
     problems: list[str] = []
     for shape in ((4, 2), (2, 4)):
         mesh = _mesh(shape)
-        mapped = jax.jit(jax.shard_map(weighted_row_sums, mesh=mesh,
-                                       in_specs=P("data", "model"), out_specs=P("data")))
+        mapped = jax.jit(
+            jax.shard_map(
+                weighted_row_sums,
+                mesh=mesh,
+                in_specs=P("data", "model"),
+                out_specs=P("data"),
+            )
+        )
         where = f"on the {shape[0]}x{shape[1]} mesh"
         got = exercises.call_answer(mapped, x, what="your weighted_row_sums")
         if exercises.is_stub(got):
@@ -250,8 +293,14 @@ def check_two_axis_carry(
         if msg:
             problems.append(f"{where}: {msg} ({_mesh_words(mesh)})")
             break
-        bad = exercises.tree_mismatches(got, want, rtol=CARRY_RTOL, atol=1e-6, name="row sums",
-                                        allow_python_scalars=False)
+        bad = exercises.tree_mismatches(
+            got,
+            want,
+            rtol=CARRY_RTOL,
+            atol=1e-6,
+            name="row sums",
+            allow_python_scalars=False,
+        )
         if bad:
             problems.append(f"{where}: {bad[0]}")
             break
@@ -263,5 +312,8 @@ def check_two_axis_carry(
             )
             break
     return exercises.verdict(
-        name, problems, success="a loop, and 6 * row sums on 4x2 and 2x4 meshes", strict=strict
+        name,
+        problems,
+        success="a loop, and 6 * row sums on 4x2 and 2x4 meshes",
+        strict=strict,
     )

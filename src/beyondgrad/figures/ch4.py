@@ -54,14 +54,20 @@ class ErrorLog:
     def __init__(self) -> None:
         self.records: list[ErrorRecord] = []
 
-    def record(self, name: str, thunk: Callable[[], Any], *, cause: str, fix: str) -> ErrorRecord:
+    def record(
+        self, name: str, thunk: Callable[[], Any], *, cause: str, fix: str
+    ) -> ErrorRecord:
         """Call ``thunk()`` and keep what it raised (or ``"no error"``) as a row."""
         if not callable(thunk):
-            raise TypeError(f"thunk must be a zero-argument function, got {type(thunk).__name__}")
+            raise TypeError(
+                f"thunk must be a zero-argument function, got {type(thunk).__name__}"
+            )
         try:
             out = thunk()
             jax.block_until_ready(out)
-            rec = ErrorRecord(name, "no error", f"ran on JAX {jax.__version__}", cause, fix)
+            rec = ErrorRecord(
+                name, "no error", f"ran on JAX {jax.__version__}", cause, fix
+            )
         except Exception as e:  # the point is to catch and tabulate
             msg = str(e).strip()
             head = msg.splitlines()[0] if msg else ""
@@ -88,7 +94,10 @@ class ErrorLog:
             text = escape(text)
             return f"<code>{text}</code>" if code and text else text
 
-        head = "".join(f"<th>{h}</th>" for h in ("#", "snippet", "raises", "message head", "cause", "fix"))
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in ("#", "snippet", "raises", "message head", "cause", "fix")
+        )
         rows = [
             f"<tr><td>{k}</td><td>{cell(r.name)}</td><td>{cell(r.error, True)}</td>"
             f"<td>{cell(r.head, True)}</td><td>{cell(r.cause)}</td><td>{cell(r.fix)}</td></tr>"
@@ -108,26 +117,40 @@ def plot_layout(layout: BlockLayout, ax: Any = None) -> Any:
     from matplotlib.patches import Rectangle
 
     if len(layout.array_shape) != 2:
-        raise ValueError(f"plot_layout draws 2-D arrays, got shape {layout.array_shape}")
+        raise ValueError(
+            f"plot_layout draws 2-D arrays, got shape {layout.array_shape}"
+        )
     if ax is None:
         _, ax = plt.subplots(figsize=(3.2, 3.2))
     rows, cols = layout.array_shape
     cmap = plt.get_cmap("tab20")
     for k, (blk, devs) in enumerate(sorted(layout.holders().items())):
         (r0, r1), (c0, c1) = blk
-        ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=cmap(k % 20),
-                               edgecolor="black", lw=1.2))
+        ax.add_patch(
+            Rectangle(
+                (c0, r0),
+                c1 - c0,
+                r1 - r0,
+                facecolor=cmap(k % 20),
+                edgecolor="black",
+                lw=1.2,
+            )
+        )
         label = ",".join(str(d) for d in devs)
         if len(devs) > 4:
             label = f"{devs[0]}..{devs[-1]}\n({len(devs)} copies)"
-        ax.text((c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=7)
+        ax.text(
+            (c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=7
+        )
     ax.set_xlim(0, cols)
     ax.set_ylim(rows, 0)
     ax.set_aspect("equal")
     ax.set_xticks([])
     ax.set_yticks([])
     mesh = "x".join(str(s) for s in layout.mesh_shape)
-    title = f"mesh {mesh}, {spec_str(layout.spec)}\nvaries over {_fmt_axes(layout.varying)}"
+    title = (
+        f"mesh {mesh}, {spec_str(layout.spec)}\nvaries over {_fmt_axes(layout.varying)}"
+    )
     ax.set_title(title, fontsize=8)
     return ax
 
@@ -157,13 +180,22 @@ def layout_figure(
         try:
             mesh_shape = tuple(int(s) for s in mesh_shape.lower().split("x"))
         except ValueError:
-            raise ValueError(f"mesh_shape must look like '2x4', got {mesh_shape!r}") from None
-    layout = block_layout(mesh_shape, P(_parse_entry(dim0), _parse_entry(dim1)), array_shape)
+            raise ValueError(
+                f"mesh_shape must look like '2x4', got {mesh_shape!r}"
+            ) from None
+    layout = block_layout(
+        mesh_shape, P(_parse_entry(dim0), _parse_entry(dim1)), array_shape
+    )
     fig, ax = plt.subplots(figsize=(3.4, 3.4))
     plot_layout(layout, ax)
     copies = len(layout.blocks) // len(layout.holders())
-    fig.text(0.5, 0.01, f"{len(layout.holders())} distinct block(s), each on {copies} device(s)",
-             ha="center", fontsize=8)
+    fig.text(
+        0.5,
+        0.01,
+        f"{len(layout.holders())} distinct block(s), each on {copies} device(s)",
+        ha="center",
+        fontsize=8,
+    )
     plt.close(fig)  # returned for display; keep pyplot from showing it a second time
     return fig
 
@@ -175,11 +207,15 @@ def layout_small_multiples(
     import matplotlib.pyplot as plt
 
     if not cases:
-        raise ValueError("layout_small_multiples needs at least one (mesh_shape, spec) case")
+        raise ValueError(
+            "layout_small_multiples needs at least one (mesh_shape, spec) case"
+        )
     n = len(cases)
     cols = min(n, 3)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 3.1 * rows), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.0 * cols, 3.1 * rows), squeeze=False
+    )
     for ax, (shape, spec) in zip(axes.flat, cases):
         plot_layout(block_layout(shape, spec, array_shape), ax)
     for ax in list(axes.flat)[n:]:
@@ -187,5 +223,3 @@ def layout_small_multiples(
     fig.tight_layout()
     plt.close(fig)  # returned for display; keep pyplot from showing it a second time
     return fig
-
-
