@@ -502,3 +502,19 @@ def test_jvp_report_script_shows_what_the_report_says():
     lines = run.stdout.split("\n")
     assert lines[0].split() == ["t:", "float32[2]{V:data}", "tangent:", "float32[2]"]
     assert lines[1] == "[0. 2.]"
+
+
+@pytest.mark.parametrize("kind", AXIS_TYPES)
+def test_data_parallel_grad_accepts_shape_dtype_structs(kind):
+    """Abstract evaluation, as users check shapes before running."""
+    mesh = make((8,), ("data",), kind)
+    vg = sharding.data_parallel_value_and_grad(
+        lambda w, b: jnp.mean((b[0] @ w - b[1]) ** 2), mesh
+    )
+    w = jax.ShapeDtypeStruct((3,), jnp.float32)
+    batch = (
+        jax.ShapeDtypeStruct((16, 3), jnp.float32),
+        jax.ShapeDtypeStruct((16,), jnp.float32),
+    )
+    loss, grads = jax.eval_shape(vg, w, batch)
+    assert (loss.shape, grads.shape, grads.dtype) == ((), (3,), jnp.float32)
