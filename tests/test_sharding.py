@@ -518,3 +518,77 @@ def test_data_parallel_grad_accepts_shape_dtype_structs(kind):
     )
     loss, grads = jax.eval_shape(vg, w, batch)
     assert (loss.shape, grads.shape, grads.dtype) == ((), (3,), jnp.float32)
+
+
+# ------------------------------------------------- figures.ch4: error table and layouts
+
+
+def test_error_log_records_class_and_head():
+    from beyondgrad.figures import ch4 as figures
+
+    mesh = runtime.demo_mesh((4, 2), ("data", "model"))
+    log = figures.ErrorLog()
+
+    def carry_bug():
+        body = lambda a: lax.fori_loop(0, 2, lambda k, c: c + a, jnp.zeros(2))  # noqa: E731
+        return jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data"))(
+            jnp.ones(8)
+        )
+
+    rec = log.record("carry", carry_bug, cause="invariant init", fix="zeros_like")
+    ok = log.record("fine", lambda: jnp.ones(2) + 1, cause="-", fix="-")
+    assert rec.error == "TypeError" and "carry" in rec.head and "\n" not in rec.head
+    assert ok.error == "no error"
+    html = log.html()
+    assert html.count("<tr>") == 3 and "<code>TypeError</code>" in html
+    assert "1. carry" in log.table()
+    with pytest.raises(TypeError, match="zero-argument function"):
+        log.record("x", 3, cause="", fix="")
+
+
+@pytest.mark.parametrize(
+    "mesh_shape,d0,d1,distinct",
+    [
+        ("2x4", "data", "model", 8),
+        ("4x2", "data", None, 4),
+        ("2x4", None, None, 1),
+        ((1, 8), "data+model", None, 8),
+        ("8x1", "model", "data", 8),
+    ],
+)
+def test_layout_figure_callback_headless(mesh_shape, d0, d1, distinct):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from beyondgrad.figures import ch4 as figures
+
+    fig = figures.layout_figure(mesh_shape, d0, d1)
+    ax = fig.axes[0]
+    assert len(ax.patches) == distinct
+    assert "varies over" in ax.get_title()
+    plt.close(fig)
+
+
+def test_layout_figures_reject_bad_values():
+    from beyondgrad.figures import ch4 as figures
+
+    with pytest.raises(ValueError, match="2x4"):
+        figures.layout_figure("two by four", "data", "model")
+    with pytest.raises(ValueError, match="twice"):
+        figures.layout_figure("2x4", "data", "data")
+    with pytest.raises(ValueError, match="at least one"):
+        figures.layout_small_multiples([])
+    with pytest.raises(ValueError, match="2-D"):
+        figures.plot_layout(sharding.block_layout((8,), P("data"), (8,), ("data",)))
+
+
+def test_small_multiples_panels():
+    import matplotlib.pyplot as plt
+
+    from beyondgrad.figures import ch4 as figures
+
+    fig = figures.layout_small_multiples(LAYOUT_CASES[:4])
+    assert sum(ax.has_data() for ax in fig.axes) == 4
+    plt.close(fig)
