@@ -19,10 +19,11 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from beyondgrad import compat, implicit, linear, sharding
+from beyondgrad import compat, implicit, linear, sharding, tracers
 from beyondgrad import laplacian as L
 from beyondgrad.exercises import ch1 as ex1
 from beyondgrad.exercises import ch2 as ex2
+from beyondgrad.exercises import ch4
 from tools import book
 
 GUIDE = book.ROOT / "instructor_guide.md"
@@ -30,7 +31,7 @@ CHAPTER_MODULES = {
     "01_tracers": "tracers",
     "02_linearize_transpose": "linear",
     "03_implicit_diff": "implicit",
-    "04_shard_map_vma": "sharding",
+    "04_shard_map_vma": "sharding",  # its checkers: beyondgrad.exercises.ch4
     "05_laplacians": "laplacian",
 }
 
@@ -76,12 +77,34 @@ def _loose_tolerance_check(strict: bool = False):
         return implicit.check_tolerance_fix(_loose_tolerance_grad, strict=strict)
 
 
-def _step_pmean_of_local_grad(w, X, y):
-    return w - 0.1 * lax.pmean(jax.grad(sharding.mse_loss)(w, X, y), "data")
+def _ch4_mse(w, X, y):
+    return jnp.mean((X @ w - y) ** 2)
 
 
-def _invariant_carry(x):
-    return lax.fori_loop(0, 3, lambda k, acc: acc + (k + 1) * x, jnp.zeros(x.shape))
+def _step_local_loss_through_gather(w_block, X, y):
+    gathered_loss = lambda v: _ch4_mse(lax.all_gather(v, "data", tiled=True), X, y)  # noqa: E731
+    return w_block - 0.1 * jax.grad(gathered_loss)(w_block)
+
+
+def _step_sign_error(w_block, X, y):
+    return w_block + 0.1 * jax.grad(
+        lambda v: lax.pmean(_ch4_mse(lax.all_gather(v, "data", tiled=True), X, y), "data"))(w_block)
+
+
+def _step_axis_i(w_block, X, y):
+    return w_block - lax.psum(w_block, "i")
+
+
+def _ch4_body(xb):
+    return lambda k, acc: acc + (k + 1) * lax.psum(jnp.sum(xb, axis=1), "model")
+
+
+def _invariant_carry(xb):
+    return lax.fori_loop(0, 3, _ch4_body(xb), jnp.zeros(xb.shape[0]))
+
+
+def _carry_like_block(xb):
+    return lax.fori_loop(0, 3, _ch4_body(xb), jnp.zeros_like(xb[:, 0]))
 
 
 def _hvp_sum_not_diagonal(f, x):
@@ -179,12 +202,18 @@ MISTAKES = [
     Mistake("ch3-scipy-sqrtm", lambda: implicit.check_sqrtm(jax.scipy.linalg.sqrtm),
             "jax.jvp of your function raised NotImplementedError: Differentiation rule for 'schur' not implemented"),
     Mistake("ch3-loose-tolerance", _loose_tolerance_check, "answer differs from the reference at index ("),
-    Mistake("ch4-list", lambda: sharding.check_predict_vma([1, 2]),
+    Mistake("ch4-list", lambda: ch4.check_predict_vma([1, 2]),
             "answers must be a dict {expression: set of axes}, got list"),
-    Mistake("ch4-all-invariant", lambda: sharding.check_predict_vma({e: set() for e in sharding.VMA_EXPRESSIONS}),
-            "a + b: you predicted {}, the explainer says {x,y}"),
-    Mistake("ch4-pmean-of-grad", lambda: sharding.check_fix_training_step(_step_pmean_of_local_grad),
-            "on 2 device(s): the update is 2 x the single-device update"),
+    Mistake("ch4-all-invariant", lambda: ch4.check_predict_vma({e: set() for e in ch4.VMA_EXPRESSIONS}),
+            "a + b: you predicted {}, the explainer says {data,model}"),
+    Mistake("ch4-all-gather-invariant", lambda: ch4.check_predict_vma({e: set() for e in ch4.VMA_EXPRESSIONS}),
+            "all_gather(a, 'data') + w: you predicted {}, the explainer says {data}"),
+    Mistake("ch4-local-loss", lambda: ch4.check_sharded_step(_step_local_loss_through_gather),
+            "on 2 device(s): your update is +2 x the single-device update"),
+    Mistake("ch4-sign", lambda: ch4.check_sharded_step(_step_sign_error),
+            "on 1 device(s): your update is -1 x the single-device update"),
+    Mistake("ch4-axis-i", lambda: ch4.check_sharded_step(_step_axis_i),
+            "the checker's mesh has axes 'data' of size 1; every collective must name one of them"),
     Mistake("ch5-hvp-sum", lambda: L.check_loop_laplacian(_hvp_sum_not_diagonal),
             "on an MLP: answer differs from the reference: got 0.546507, expected 2.69826"),
     Mistake("ch5-sign", lambda: L.check_row_update_second_derivative(
@@ -198,9 +227,11 @@ MISTAKES = [
                 functools.partial(_kinetic_loop, cast_basis=True, varying_init=False)),
             "your kinetic energy inside shard_map raised TypeError: scan body function carry input and carry output "
             "must have equal types, but they differ"),
-    Mistake("ch4-invariant-carry", lambda: sharding.check_fix_loop_carry(_invariant_carry),
-            "your running_total raised TypeError: scan body function carry input and carry output must have "
+    Mistake("ch4-invariant-carry", lambda: ch4.check_two_axis_carry(_invariant_carry),
+            "your weighted_row_sums raised TypeError: scan body function carry input and carry output must have "
             "equal types, but they differ"),
+    Mistake("ch4-carry-like-block", lambda: ch4.check_two_axis_carry(_carry_like_block),
+            "your weighted_row_sums raised ValueError"),
 ]
 
 
@@ -265,6 +296,16 @@ def test_chapter1_checkers_the_guide_names_exist_and_the_chapter_calls_them():
     for minutes, title in [(5, "1.1: fix a `jit` failure"), (10, "1.2: predict the retraces"),
                            (10, "1.3: a `where` with finite gradients")]:
         assert f"### Exercise {title} ({minutes} minutes)" in chapter
+
+
+def test_every_chapter4_checker_the_guide_names_exists_and_chapter4_calls_it():
+    """Chapter 4's checkers live in beyondgrad.exercises.ch4 (named ``ch4.check_*``)."""
+    named = sorted(set(re.findall(r"`ch4\.(check_\w+)`", GUIDE.read_text())))
+    assert len(named) == 3, named
+    text = (book.CHAPTERS / "04_shard_map_vma.md").read_text()
+    for func in named:
+        assert callable(getattr(ch4, func, None)), f"the guide names ch4.{func}, which does not exist"
+        assert re.search(rf"\bch4\.{func}\(", text), f"Chapter 4 does not call ch4.{func}"
 
 
 def test_every_exercise_function_the_guide_names_is_defined_in_a_chapter():

@@ -1,21 +1,50 @@
-"""Tests for beyondgrad.sharding on 8 simulated CPU devices (see tests/conftest.py)."""
+"""Tests for beyondgrad.sharding on 8 simulated CPU devices (see tests/conftest.py).
+
+Every helper that takes a mesh is run with both mesh axis types: a mesh from
+``jax.make_mesh`` with its default axis types (Explicit on new JAX, Auto on 0.8.x),
+and the other type stated explicitly, with plain unsharded global arrays.
+"""
 
 from __future__ import annotations
+
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from beyondgrad import compat, runtime, sharding
-from beyondgrad.exercises import ExerciseFailed
+
+AXIS_TYPES = ["default", "auto", "explicit"]
 
 
-@pytest.fixture(scope="module")
-def mesh42():
-    return runtime.demo_mesh((4, 2), ("x", "y"))
+def make(shape, names, kind):
+    """A mesh as users write it (``jax.make_mesh`` default) or with a stated axis type."""
+    if kind == "default":
+        with warnings.catch_warnings():  # 0.8.x warns that the default will change
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return jax.make_mesh(
+                tuple(shape), tuple(names), devices=jax.devices()[: int(np.prod(shape))]
+            )
+    return compat.make_mesh(
+        shape, names, axis_types=kind, devices=jax.devices()[: int(np.prod(shape))]
+    )
+
+
+def test_default_make_mesh_axis_type_is_the_documented_one():
+    """The reason for the tests below: the default changed inside the supported range."""
+    mesh = make((8,), ("data",), "default")
+    want = AxisType.Explicit if compat.jax_version() >= (0, 9, 0) else AxisType.Auto
+    assert tuple(mesh.axis_types) == (want,)
+
+
+@pytest.fixture(scope="module", params=AXIS_TYPES)
+def mesh42(request):
+    return make((4, 2), ("data", "model"), request.param)
 
 
 # ----------------------------------------------------------------------------- explainer
@@ -26,30 +55,46 @@ def test_explainer_matches_typeof_inside_shard_map(mesh42):
     seen = {}
 
     def f(a, b, w):
-        c = a * w  # {x}
-        d = c + b  # {x, y}
-        e = lax.psum(d, "x")  # {y}
-        g = lax.pmean(e, "y")  # {}
-        seen.update(c=compat.varying_axes(c), d=compat.varying_axes(d), e=compat.varying_axes(e),
-                    g=compat.varying_axes(g))
+        c = a * w  # {data}
+        d = c + b  # {data, model}
+        e = lax.psum(d, "data")  # {model}
+        g = lax.pmean(e, "model")  # {}
+        seen.update(
+            c=compat.varying_axes(c),
+            d=compat.varying_axes(d),
+            e=compat.varying_axes(e),
+            g=compat.varying_axes(g),
+        )
         return c, d, e, g
 
     args = (jnp.ones(8), jnp.ones(4), jnp.ones(2))
-    rep = sharding.explain_vma(f, mesh42, (P("x"), P("y"), P()), *args)
+    rep = sharding.explain_vma(f, mesh42, (P("data"), P("model"), P()), *args)
     assert rep.out_vma == (seen["c"], seen["d"], seen["e"], seen["g"])
-    assert rep.out_vma == (frozenset("x"), frozenset("xy"), frozenset("y"), frozenset())
-    assert rep.arg_vma == (frozenset("x"), frozenset("y"), frozenset())
+    dm = frozenset({"data", "model"})
+    assert rep.out_vma == (frozenset({"data"}), dm, frozenset({"model"}), frozenset())
+    assert rep.arg_vma == (frozenset({"data"}), frozenset({"model"}), frozenset())
+    assert rep.arg_types == ("f32[2]{V:data}", "f32[2]{V:model}", "f32[2]")
     psums = [r for r in rep.rows if r.primitive in ("psum", "psum_invariant")]
     assert [(r.in_vma, r.out_vma) for r in psums] == [
-        ((frozenset("xy"),), (frozenset("y"),)),
-        ((frozenset("y"),), (frozenset(),)),
+        ((dm,), (frozenset({"model"}),)),
+        ((frozenset({"model"}),), (frozenset(),)),
     ]
-    # every row's output types print the same varying axes as out_vma
-    for r in rep.rows:
+    for r in rep.rows:  # every row's printed types carry the same varying axes
         for vma, typ in zip(r.out_vma, r.out_types):
-            assert (("{V:" in typ) == bool(vma)), (r, typ)
+            assert ("{V:" in typ) == bool(vma), (r, typ)
     table = rep.table()
-    assert "psum" in table and "results vary over" in table
+    assert "psum" in table and "results: " in table
+
+
+def test_explainer_accepts_shape_dtype_structs(mesh42):
+    structs = (
+        jax.ShapeDtypeStruct((8, 4), jnp.float32),
+        jax.ShapeDtypeStruct((4,), jnp.int32),
+    )
+    rep = sharding.explain_vma(
+        lambda a, b: a[:, :1] * b, mesh42, (P("data"), P()), *structs
+    )
+    assert rep.out_types == ("f32[2,4]{V:data}",)
 
 
 def test_explainer_walks_nested_jaxprs(mesh42):
@@ -57,58 +102,79 @@ def test_explainer_walks_nested_jaxprs(mesh42):
         s = lax.fori_loop(0, 3, lambda k, c: c + a, jnp.zeros_like(a))
         return lax.cond(True, lambda: s * 2.0, lambda: s)
 
-    rep = sharding.explain_vma(f, mesh42, P("x"), jnp.ones(8))
+    rep = sharding.explain_vma(f, mesh42, P("data"), jnp.ones(8))
     nested = [r for r in rep.rows if r.where]
-    assert any(r.where.startswith("scan") and r.primitive == "add" and r.out_vma == (frozenset("x"),) for r in nested)
+    assert any(
+        r.where.startswith("scan")
+        and r.primitive == "add"
+        and r.out_vma == (frozenset({"data"}),)
+        for r in nested
+    )
     assert any(r.where.startswith("cond.branches") for r in nested)
-    assert rep.count("scan") == 1 and rep.out_vma == (frozenset("x"),)
+    assert rep.count("scan") == 1 and rep.out_vma == (frozenset({"data"}),)
     assert "scan" in rep.primitives(where="")
 
 
 def test_explainer_check_vma_false_has_no_types(mesh42):
-    rep = sharding.explain_vma(lambda a: lax.psum(a, "x"), mesh42, P("x"), jnp.ones(8), check_vma=False)
+    rep = sharding.explain_vma(
+        lambda a: lax.psum(a, "data"), mesh42, P("data"), jnp.ones(8), check_vma=False
+    )
     assert all(not v for r in rep.rows for v in r.in_vma + r.out_vma)
     assert rep.primitives() == ["psum"]
 
 
 def test_explainer_out_specs_are_checked(mesh42):
     with pytest.raises(ValueError, match="out_specs"):
-        sharding.explain_vma(lambda a: a, mesh42, P("x"), jnp.ones(8), out_specs=P())
-    rep = sharding.explain_vma(lambda a: a, mesh42, P("x"), jnp.ones(8), out_specs=P("x"))
-    assert rep.out_vma == (frozenset("x"),)
+        sharding.explain_vma(lambda a: a, mesh42, P("data"), jnp.ones(8), out_specs=P())
+    rep = sharding.explain_vma(
+        lambda a: a, mesh42, P("data"), jnp.ones(8), out_specs=P("data")
+    )
+    assert rep.out_vma == (frozenset({"data"}),)
 
 
-def test_explainer_bad_input(mesh42):
-    x = jnp.ones((8, 4))
-    with pytest.raises(ValueError, match="'z'"):
-        sharding.explain_vma(lambda a: a, mesh42, P("z"), x)
-    with pytest.raises(ValueError, match=r"P\('x', None, 'y'\).*rank 2"):
-        sharding.explain_vma(lambda a: a, mesh42, P("x", None, "y"), x)
-    with pytest.raises(ValueError, match="not divisible"):
-        sharding.explain_vma(lambda a: a, mesh42, P("x"), jnp.ones(6))
-    with pytest.raises(ValueError, match="twice"):
-        sharding.explain_vma(lambda a: a, mesh42, P("x", "x"), x)
-    with pytest.raises(ValueError, match="'q'"):
-        sharding.explain_vma(lambda a: a, mesh42, P("x"), x, out_specs=P("q"))
-    with pytest.raises(TypeError, match="Mesh"):
-        sharding.explain_vma(lambda a: a, {"x": 4}, P("x"), x)
-    with pytest.raises(TypeError, match="function"):
-        sharding.explain_vma(3, mesh42, P("x"), x)
+# Transposes pinned literally (the rules in jax/_src/lax/parallel.py): all_gather <->
+# reduce_scatter (psum_scatter's primitive), psum_scatter <-> all_gather, ppermute and
+# all_to_all are their own kind, a cast to varying (pvary) <-> psum_invariant.
+TRANSPOSES = [
+    ("all_gather", lambda a: lax.all_gather(a, "data"), P("data"), ["reduce_scatter"]),
+    (
+        "psum_scatter",
+        lambda a: lax.psum_scatter(a, "data", tiled=True),
+        P("data"),
+        ["all_gather"],
+    ),
+    (
+        "ppermute",
+        lambda a: lax.ppermute(a, "data", [(k, (k + 1) % 4) for k in range(4)]),
+        P("data"),
+        ["ppermute"],
+    ),
+    (
+        "all_to_all",
+        lambda a: lax.all_to_all(a, "data", 0, 0, tiled=True),
+        P("data"),
+        ["all_to_all"],
+    ),
+    ("psum", lambda a: lax.psum(a, "data"), P("data"), ["pvary"]),
+    ("pcast", lambda w: compat.pcast_varying(w, "data"), P(), ["psum_invariant"]),
+]
 
 
-def test_aval_varying_axes_reads_both_layouts():
-    class Old:
-        vma = frozenset({"i"})
+@pytest.mark.parametrize(
+    "name,op,spec,want", TRANSPOSES, ids=[t[0] for t in TRANSPOSES]
+)
+def test_explain_transpose_pins_each_collective(mesh42, name, op, spec, want):
+    rep = sharding.explain_transpose(op, mesh42, spec, jnp.ones(16))
+    assert rep.primitives() == want
+    # the transpose returns a value of the argument's type
+    assert rep.out_types == rep.arg_types
 
-    class Mat:
-        varying = frozenset({"j"})
 
-    class New:
-        manual_axis_type = Mat()
-
-    assert sharding.aval_varying_axes(Old()) == {"i"}
-    assert sharding.aval_varying_axes(New()) == {"j"}
-    assert sharding.aval_varying_axes(object()) == frozenset()
+def test_explain_transpose_of_nonlinear_pmax_raises(mesh42):
+    with pytest.raises(NotImplementedError, match="pmax"):
+        sharding.explain_transpose(
+            lambda a: lax.pmax(a, "data"), mesh42, P("data"), jnp.ones(8)
+        )
 
 
 # ------------------------------------------------------------------- data-parallel gradient
@@ -116,7 +182,11 @@ def test_aval_varying_axes_reads_both_layouts():
 
 def _mlp_params(key):
     k1, k2, k3 = jax.random.split(key, 3)
-    return {"w1": jax.random.normal(k1, (3, 5)) / 2, "b1": 0.1 * jax.random.normal(k3, (5,)), "w2": jax.random.normal(k2, (5,))}
+    return {
+        "w1": jax.random.normal(k1, (3, 5)) / 2,
+        "b1": 0.1 * jax.random.normal(k3, (5,)),
+        "w2": jax.random.normal(k2, (5,)),
+    }
 
 
 def _mlp_loss(params, batch):
@@ -124,14 +194,17 @@ def _mlp_loss(params, batch):
     return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
 
 
-@pytest.mark.parametrize("n", [1, 2, 4, 8])
-def test_data_parallel_grad_matches_single_device_float64(n):
+@pytest.mark.parametrize("kind", AXIS_TYPES)
+@pytest.mark.parametrize("n", [1, 2, 8])
+def test_data_parallel_grad_matches_single_device_float64(n, kind):
     with jax.enable_x64(True):
         params = _mlp_params(jax.random.PRNGKey(n))
         kx, ky = jax.random.split(jax.random.PRNGKey(10 + n))
         batch = {"x": jax.random.normal(kx, (16, 3)), "y": jax.random.normal(ky, (16,))}
-        mesh = runtime.demo_mesh(n, "data")
-        loss, grads = sharding.data_parallel_value_and_grad(_mlp_loss, mesh, "data")(params, batch)
+        mesh = make((n,), ("data",), kind)
+        loss, grads = sharding.data_parallel_value_and_grad(_mlp_loss, mesh, "data")(
+            params, batch
+        )
         ref_loss, ref_grads = jax.value_and_grad(_mlp_loss)(params, batch)
         assert grads["w1"].dtype == jnp.float64
         np.testing.assert_allclose(loss, ref_loss, rtol=1e-12)
@@ -139,90 +212,82 @@ def test_data_parallel_grad_matches_single_device_float64(n):
             np.testing.assert_allclose(grads[k], ref_grads[k], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", AXIS_TYPES)
+def test_data_parallel_grad_on_a_2d_mesh_and_presharded_inputs(kind):
+    """Batch split over 'data' of a (4, 2) mesh; inputs already placed elsewhere."""
+    mesh = make((4, 2), ("data", "model"), kind)
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+        X, y, w = rng.normal(size=(8, 3)), rng.normal(size=8), rng.normal(size=3)
+        X_put = jax.device_put(X, NamedSharding(mesh, P(None, None)))
+        loss_fn = lambda w, b: jnp.sum((b[0] @ w - b[1]) ** 2)  # noqa: E731
+        loss, g = sharding.data_parallel_value_and_grad(
+            loss_fn, mesh, "data", reduction="sum"
+        )(w, (X_put, y))
+    np.testing.assert_allclose(g, 2 * X.T @ (X @ w - y), rtol=1e-12)
+    np.testing.assert_allclose(loss, np.sum((X @ w - y) ** 2), rtol=1e-12)
+
+
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_data_parallel_grad_closed_form_sum_reduction(n):
-    """Sum loss of linear least squares: grad = 2 X^T (X w - y), computed in numpy float64."""
+    """Sum loss of linear least squares: grad = 2 X^T (X w - y), in numpy float64.
+
+    float32 against float64: the measured relative error is below 1e-6; 2e-5 allows 20x.
+    """
     rng = np.random.default_rng(n)
     X, y, w = rng.normal(size=(24, 4)), rng.normal(size=24), rng.normal(size=4)
     mesh = runtime.demo_mesh(n, "data")
     loss_fn = lambda w, b: jnp.sum((b[0] @ w - b[1]) ** 2)  # noqa: E731
     with jax.default_matmul_precision("highest"):
-        loss, g = sharding.data_parallel_value_and_grad(loss_fn, mesh, "data", reduction="sum")(
-            jnp.asarray(w, jnp.float32), (jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)))
-    np.testing.assert_allclose(g, 2 * X.T @ (X @ w - y), rtol=2e-4, atol=1e-4)
+        loss, g = sharding.data_parallel_value_and_grad(
+            loss_fn, mesh, "data", reduction="sum"
+        )(
+            jnp.asarray(w, jnp.float32),
+            (jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)),
+        )
+    ref = 2 * X.T @ (X @ w - y)
+    np.testing.assert_allclose(g, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
     np.testing.assert_allclose(loss, np.sum((X @ w - y) ** 2), rtol=2e-5)
 
 
 def test_naive_pmean_is_off_by_device_count():
-    """The bug the helper avoids: grad inside shard_map is already summed; pmean on top keeps the sum."""
+    """The bug the helper avoids: grad inside shard_map is already summed over devices."""
     mesh = runtime.demo_mesh(8, "data")
-    w, X, y = sharding.linear_problem()
+    rng = np.random.default_rng(3)
+    X, y, w = (
+        jnp.asarray(a, jnp.float32)
+        for a in (rng.normal(size=(16, 3)), rng.normal(size=16), rng.normal(size=3))
+    )
+    mse = lambda w, X, y: jnp.mean((X @ w - y) ** 2)  # noqa: E731
 
     def naive(w, X, y):
-        return lax.pmean(jax.grad(sharding.mse_loss)(w, X, y), "data")
+        return lax.pmean(jax.grad(mse)(w, X, y), "data")
 
     with jax.default_matmul_precision("highest"):
-        got = jax.shard_map(naive, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=P())(w, X, y)
-        ref = jax.grad(sharding.mse_loss)(w, X, y)
-    np.testing.assert_allclose(got, 8 * ref, rtol=1e-4)
-
-
-def test_data_parallel_bad_input():
-    mesh = runtime.demo_mesh(4, "data")
-    with pytest.raises(ValueError, match="'batch'"):
-        sharding.data_parallel_value_and_grad(_mlp_loss, mesh, "batch")
-    with pytest.raises(ValueError, match="reduction"):
-        sharding.data_parallel_value_and_grad(_mlp_loss, mesh, "data", reduction="max")
-    with pytest.raises(TypeError, match="loss_fn"):
-        sharding.data_parallel_value_and_grad(None, mesh, "data")
-    f = sharding.data_parallel_value_and_grad(lambda w, b: jnp.sum(b * w), mesh, "data")
-    with pytest.raises(ValueError, match="not divisible by 4"):
-        f(1.0, jnp.ones(6))
-    with pytest.raises(ValueError, match="leading size"):
-        f(1.0, (jnp.ones(8), jnp.ones(4)))
-    g = sharding.data_parallel_value_and_grad(lambda w, b: b * w, mesh, "data")
-    with pytest.raises(TypeError, match="scalar"):
-        g(1.0, jnp.ones(8))
-
-
-# ------------------------------------------------------------------------------ error log
-
-
-def test_error_log_records_class_and_head(mesh42):
-    log = sharding.ErrorLog()
-
-    def carry_bug():
-        body = lambda a: lax.fori_loop(0, 2, lambda k, c: c + a, jnp.zeros(2))  # noqa: E731
-        return jax.shard_map(body, mesh=mesh42, in_specs=P("x"), out_specs=P("x"))(jnp.ones(8))
-
-    rec = log.record("carry", carry_bug, cause="invariant init", fix="zeros_like")
-    ok = log.record("fine", lambda: jnp.ones(2) + 1, cause="-", fix="-")
-    assert rec.error == "TypeError" and "carry" in rec.head and "\n" not in rec.head
-    assert ok.error == "no error"
-    html = log.html()
-    assert html.count("<tr>") == 3 and "<code>TypeError</code>" in html
-    assert "1. carry" in log.table()
-    with pytest.raises(TypeError):
-        log.record("x", 3, cause="", fix="")
+        got = jax.shard_map(
+            naive, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=P()
+        )(w, X, y)
+        ref = jax.grad(mse)(w, X, y)
+    np.testing.assert_allclose(got, 8 * ref, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------------- layout
 
 LAYOUT_CASES = [
-    ((2, 4), P("x", "y")),
-    ((2, 4), P("y", "x")),
-    ((4, 2), P("x")),
-    ((4, 2), P(None, "y")),
+    ((2, 4), P("data", "model")),
+    ((2, 4), P("model", "data")),
+    ((4, 2), P("data")),
+    ((4, 2), P(None, "model")),
     ((2, 4), P()),
-    ((2, 4), P(("x", "y"))),
-    ((2, 4), P(None, ("y", "x"))),
-    ((8, 1), P("x", "y")),
+    ((2, 4), P(("data", "model"))),
+    ((2, 4), P(None, ("model", "data"))),
+    ((8, 1), P("data", "model")),
 ]
 
 
 @pytest.mark.parametrize("shape,spec", LAYOUT_CASES)
 def test_block_layout_matches_named_sharding(shape, spec):
-    mesh = runtime.demo_mesh(shape, ("x", "y"))
+    mesh = runtime.demo_mesh(shape, ("data", "model"))
     position = {d: k for k, d in enumerate(mesh.devices.flat)}
     layout = sharding.block_layout(shape, spec, (8, 8))
     for device, index in NamedSharding(mesh, spec).devices_indices_map((8, 8)).items():
@@ -231,109 +296,299 @@ def test_block_layout_matches_named_sharding(shape, spec):
         assert got == want, (device, got, want)
 
 
+@pytest.mark.parametrize("kind", ["default", "explicit"])
 @pytest.mark.parametrize("shape,spec", LAYOUT_CASES[:5])
-def test_block_layout_varying_matches_shard_map(shape, spec):
-    mesh = runtime.demo_mesh(shape, ("x", "y"))
+def test_block_layout_varying_matches_shard_map(shape, spec, kind):
+    mesh = make(shape, ("data", "model"), kind)
     layout = sharding.block_layout(shape, spec, (8, 8))
     rep = sharding.explain_vma(lambda a: a, mesh, spec, jnp.ones((8, 8)))
     assert rep.arg_vma == (layout.varying,)
-    assert layout.replicated_over == frozenset("xy") - layout.varying
+    assert layout.replicated_over == frozenset({"data", "model"}) - layout.varying
     assert "varies over" in layout.describe()
 
 
-def test_block_layout_bad_input():
-    with pytest.raises(ValueError, match="'z'"):
-        sharding.block_layout((2, 4), P("z"), (8, 8))
-    with pytest.raises(ValueError, match="3 entries"):
-        sharding.block_layout((2, 4), P("x", None, None), (8, 8))
-    with pytest.raises(ValueError, match="not divisible"):
-        sharding.block_layout((2, 4), P("y"), (6, 8))
-    with pytest.raises(ValueError, match="axis_names"):
-        sharding.block_layout((2, 4, 1), P(), (8, 8))
+# ----------------------------------------------------------------------------- bad input
+
+_f = lambda a: a  # noqa: E731
+
+BAD_INPUTS = [
+    # (call, exception class, message pattern)
+    (
+        lambda m: sharding.explain_vma(_f, m, P("z"), jnp.ones((8, 4))),
+        ValueError,
+        "'z'.*mesh axes are",
+    ),
+    (
+        lambda m: sharding.explain_vma(
+            _f, m, P("data", None, "model"), jnp.ones((8, 4))
+        ),
+        ValueError,
+        r"P\('data', None, 'model'\).*rank 2",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, m, P("data"), jnp.ones(6)),
+        ValueError,
+        "not divisible by 4",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, m, P("data", "data"), jnp.ones((8, 8))),
+        ValueError,
+        "twice",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, m, P("data"), jnp.ones(8), out_specs=P("q")),
+        ValueError,
+        "'q'",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, {"data": 4}, P("data"), jnp.ones(8)),
+        TypeError,
+        r"jax.sharding.Mesh \(e.g. jax.make_mesh",
+    ),
+    (
+        lambda m: sharding.explain_vma(3, m, P("data"), jnp.ones(8)),
+        TypeError,
+        "pass the function",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, m, "data", jnp.ones(8)),
+        TypeError,
+        r"such as P\('data'\)",
+    ),
+    (
+        lambda m: sharding.explain_vma(_f, m, (P("data"), P()), jnp.ones(8)),
+        ValueError,
+        "does not match the structure",
+    ),
+    (
+        lambda m: sharding.explain_transpose("psum", m, P("data"), jnp.ones(8)),
+        TypeError,
+        "function",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(_mlp_loss, m, "batch"),
+        ValueError,
+        "'batch' is not a mesh axis",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(_mlp_loss, m, ("data",)),
+        TypeError,
+        "one mesh axis",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(
+            _mlp_loss, m, "data", reduction="max"
+        ),
+        ValueError,
+        "'mean' or 'sum'",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(None, m, "data"),
+        TypeError,
+        "loss_fn",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(_mlp_loss, {"data": 8}),
+        TypeError,
+        "jax.sharding.Mesh",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(
+            lambda w, b: jnp.sum(b * w), m, "data"
+        )(1.0, jnp.ones(6)),
+        ValueError,
+        "not divisible by 4",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(
+            lambda w, b: jnp.sum(b[0] * w), m, "data"
+        )(1.0, (jnp.ones(8), jnp.ones(4))),
+        ValueError,
+        "leading size",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(lambda w, b: b * w, m, "data")(
+            1.0, jnp.ones(8)
+        ),
+        TypeError,
+        "scalar",
+    ),
+    (
+        lambda m: sharding.data_parallel_value_and_grad(
+            lambda w, b: jnp.sum(w), m, "data"
+        )(1.0, ()),
+        ValueError,
+        "no arrays",
+    ),
+    (lambda m: sharding.block_layout((2, 4), P("z"), (8, 8)), ValueError, "'z'"),
+    (
+        lambda m: sharding.block_layout((2, 4), P("data", None, None), (8, 8)),
+        ValueError,
+        "3 entries",
+    ),
+    (
+        lambda m: sharding.block_layout((2, 4), P("model"), (6, 8)),
+        ValueError,
+        "not divisible",
+    ),
+    (lambda m: sharding.block_layout((2, 4, 1), P(), (8, 8)), ValueError, "axis_names"),
+    (lambda m: sharding.block_layout((2, 0), P(), (8, 8)), ValueError, ">= 1"),
+    (lambda m: sharding.block_layout(m, P(), (8, 8)), TypeError, "mesh.devices.shape"),
+    (
+        lambda m: sharding.block_layout((2, 4), P(), "eight"),
+        TypeError,
+        "sequences of ints",
+    ),
+    (lambda m: sharding.validate_spec(m, 3), TypeError, "PartitionSpec"),
+    (lambda m: sharding.validate_spec(m, P(("data", 1))), TypeError, "entry"),
+]
 
 
-@pytest.mark.parametrize("mesh_shape,d0,d1,distinct", [
-    ("2x4", "x", "y", 8), ("4x2", "x", None, 4), ("2x4", None, None, 1), ((1, 8), "x+y", None, 8), ("8x1", "y", "x", 8),
-])
+@pytest.mark.parametrize(
+    "call,exc,pattern", BAD_INPUTS, ids=[f"bad{k}" for k in range(len(BAD_INPUTS))]
+)
+def test_bad_input_is_named(mesh42, call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call(mesh42)
+
+
+def test_validate_spec_accepts_tuples_none_and_size_maps():
+    assert sharding.validate_spec({"data": 4}, None) == P()
+    assert sharding.validate_spec({"data": 4}, ("data", None), (8, 3)) == P(
+        "data", None
+    )
+    assert (
+        sharding.spec_str(P("data", ("data", "model"), None))
+        == "P('data', ('data', 'model'), None)"
+    )
+
+
+# --------------------------------------------------------------- the jvp report's script
+
+
+def _report_script() -> str:
+    """The minimal script of Chapter 4's upstream report (a quoted code block)."""
+    from tools import book
+
+    text = (book.CHAPTERS / "04_shard_map_vma.md").read_text()
+    section = text[text.index("(jvp-hole-report)=") :]
+    start = section.index("> ```python\n") + len("> ```python\n")
+    block = section[start : section.index("> ```\n", start)]
+    return "\n".join(
+        line[2:] if line.startswith("> ") else line.lstrip(">")
+        for line in block.splitlines()
+    )
+
+
+def test_jvp_report_script_shows_what_the_report_says():
+    """Run the report's script as a maintainer would: the actual outcome it states."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", _report_script()],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.split("\n")
+    assert lines[0].split() == ["t:", "float32[2]{V:data}", "tangent:", "float32[2]"]
+    assert lines[1] == "[0. 2.]"
+
+
+@pytest.mark.parametrize("kind", AXIS_TYPES)
+def test_data_parallel_grad_accepts_shape_dtype_structs(kind):
+    """Abstract evaluation, as users check shapes before running."""
+    mesh = make((8,), ("data",), kind)
+    vg = sharding.data_parallel_value_and_grad(
+        lambda w, b: jnp.mean((b[0] @ w - b[1]) ** 2), mesh
+    )
+    w = jax.ShapeDtypeStruct((3,), jnp.float32)
+    batch = (
+        jax.ShapeDtypeStruct((16, 3), jnp.float32),
+        jax.ShapeDtypeStruct((16,), jnp.float32),
+    )
+    loss, grads = jax.eval_shape(vg, w, batch)
+    assert (loss.shape, grads.shape, grads.dtype) == ((), (3,), jnp.float32)
+
+
+# ------------------------------------------------- figures.ch4: error table and layouts
+
+
+def test_error_log_records_class_and_head():
+    from beyondgrad.figures import ch4 as figures
+
+    mesh = runtime.demo_mesh((4, 2), ("data", "model"))
+    log = figures.ErrorLog()
+
+    def carry_bug():
+        body = lambda a: lax.fori_loop(0, 2, lambda k, c: c + a, jnp.zeros(2))  # noqa: E731
+        return jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data"))(
+            jnp.ones(8)
+        )
+
+    rec = log.record("carry", carry_bug, cause="invariant init", fix="zeros_like")
+    ok = log.record("fine", lambda: jnp.ones(2) + 1, cause="-", fix="-")
+    assert rec.error == "TypeError" and "carry" in rec.head and "\n" not in rec.head
+    assert ok.error == "no error"
+    html = log.html()
+    assert html.count("<tr>") == 3 and "<code>TypeError</code>" in html
+    assert "1. carry" in log.table()
+    with pytest.raises(TypeError, match="zero-argument function"):
+        log.record("x", 3, cause="", fix="")
+
+
+@pytest.mark.parametrize(
+    "mesh_shape,d0,d1,distinct",
+    [
+        ("2x4", "data", "model", 8),
+        ("4x2", "data", None, 4),
+        ("2x4", None, None, 1),
+        ((1, 8), "data+model", None, 8),
+        ("8x1", "model", "data", 8),
+    ],
+)
 def test_layout_figure_callback_headless(mesh_shape, d0, d1, distinct):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = sharding.layout_figure(mesh_shape, d0, d1)
+    from beyondgrad.figures import ch4 as figures
+
+    fig = figures.layout_figure(mesh_shape, d0, d1)
     ax = fig.axes[0]
     assert len(ax.patches) == distinct
     assert "varies over" in ax.get_title()
     plt.close(fig)
 
 
-def test_layout_figure_rejects_bad_values():
+def test_layout_figures_reject_bad_values():
+    from beyondgrad.figures import ch4 as figures
+
     with pytest.raises(ValueError, match="2x4"):
-        sharding.layout_figure("two by four", "x", "y")
+        figures.layout_figure("two by four", "data", "model")
     with pytest.raises(ValueError, match="twice"):
-        sharding.layout_figure("2x4", "x", "x")
+        figures.layout_figure("2x4", "data", "data")
+    with pytest.raises(ValueError, match="at least one"):
+        figures.layout_small_multiples([])
+    with pytest.raises(ValueError, match="2-D"):
+        figures.plot_layout(sharding.block_layout((8,), P("data"), (8,), ("data",)))
 
 
 def test_small_multiples_panels():
     import matplotlib.pyplot as plt
 
-    fig = sharding.layout_small_multiples(LAYOUT_CASES[:4])
+    from beyondgrad.figures import ch4 as figures
+
+    fig = figures.layout_small_multiples(LAYOUT_CASES[:4])
     assert sum(ax.has_data() for ax in fig.axes) == 4
     plt.close(fig)
-    with pytest.raises(ValueError):
-        sharding.layout_small_multiples([])
-
-
-# ------------------------------------------------------------------------------ checkers
-
-
-def test_check_predict_vma():
-    right = {k: set(v) for k, v in sharding.expected_vma().items()}
-    assert right["a * w"] == {"x"} and right["pmean(a + b, ('x', 'y'))"] == set()
-    assert sharding.check_predict_vma(right, strict=True)
-    wrong = dict(right, **{"a + b": {"x"}})
-    fb = sharding.check_predict_vma(wrong)
-    assert not fb and "a + b" in str(fb)
-    with pytest.raises(ExerciseFailed):
-        sharding.check_predict_vma(..., strict=True)
-    assert not sharding.check_predict_vma({"a * w": "x"})
-
-
-def test_check_fix_training_step():
-    def buggy(w, X, y):
-        return w - 0.1 * lax.pmean(jax.grad(sharding.mse_loss)(w, X, y), "data")
-
-    def fixed(w, X, y):
-        return w - 0.1 * jax.grad(lambda v: lax.pmean(sharding.mse_loss(v, X, y), "data"))(w)
-
-    def stub(w, X, y):
-        raise NotImplementedError
-
-    fb = sharding.check_fix_training_step(buggy)
-    assert not fb and "2 x the single-device" in str(fb)
-    assert sharding.check_fix_training_step(fixed, strict=True)
-    assert "stub" in str(sharding.check_fix_training_step(stub))
-
-
-def test_check_fix_loop_carry():
-    def buggy(x):
-        return lax.fori_loop(0, 3, lambda k, acc: acc + (k + 1) * x, jnp.zeros(x.shape))
-
-    def fixed(x):
-        return lax.fori_loop(0, 3, lambda k, acc: acc + (k + 1) * x, jnp.zeros_like(x))
-
-    fb = sharding.check_fix_loop_carry(buggy)
-    assert not fb and "TypeError" in str(fb)
-    assert sharding.check_fix_loop_carry(fixed, strict=True)
-    assert not sharding.check_fix_loop_carry(lambda x: 5.0 * x)
-
-
-def test_check_predict_vma_accepts_functions():
-    right = sharding.expected_vma()
-    assert sharding.check_predict_vma(lambda: right, strict=True)
-
-    def stub():
-        raise NotImplementedError
-
-    assert "stub" in str(sharding.check_predict_vma(stub))

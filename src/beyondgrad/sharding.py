@@ -1,21 +1,29 @@
 """shard_map and varying manual axes: an explainer, a data-parallel gradient, layouts.
 
 Inside ``jax.shard_map`` every value has a type that says over which mesh axes it
-*varies* (different devices along the axis may hold different values) and over which
-it is *invariant* (all devices along the axis hold the same value). JAX writes it as
-``f32[4]{V:i}``. The rules this module makes visible:
+*varies* (devices along the axis may hold different values) and over which it is
+*invariant* (all devices along the axis hold the same value). JAX prints it as
+``float32[4]{V:data}``. The rules this module makes visible:
 
 * an operation's result varies over the union of its operands' varying axes
-  (invariant operands are cast with ``pvary`` first);
-* ``psum``/``pmean`` over an axis remove it (varying -> invariant); ``all_gather`` and
-  ``ppermute`` keep it; a cast to varying adds it;
-* the transpose of a cast to varying is a ``psum``, so the gradient of a per-device
-  loss with respect to invariant parameters is already summed over the devices.
+  (invariant operands are cast to varying first, a type change with no communication);
+* ``psum``/``pmean``/``pmax`` over an axis remove it; ``all_gather`` (by default),
+  ``psum_scatter``, ``all_to_all`` and ``ppermute`` keep it; a cast to varying adds it;
+* every linear collective has a transpose that is a collective too (``psum`` <->
+  cast to varying, ``all_gather`` <-> ``psum_scatter``, ``ppermute`` <-> the inverse
+  permutation), so the gradient with respect to invariant parameters of a per-device
+  loss is already summed over the devices.
 
 Contents: :func:`explain_vma` (a per-equation table of varying axes),
-:func:`data_parallel_value_and_grad` (the correct data-parallel gradient),
-:class:`ErrorLog` (collect errors met, for a table), :func:`block_layout` /
-:func:`layout_figure` (which device holds which block), and the chapter's checkers.
+:func:`explain_transpose` (the same for the transpose of a linear function),
+:func:`data_parallel_value_and_grad` (the data-parallel gradient), :func:`block_layout`
+(which device holds which block), :func:`validate_spec` / :func:`validate_specs`.
+
+Every function that takes a mesh accepts one from ``jax.make_mesh`` with its default
+axis types (Explicit on new JAX, Auto on 0.8.x) and plain, unsharded global arrays
+or ``jax.ShapeDtypeStruct`` arguments: they are placed with the specs first.
+Exercise checkers are in :mod:`beyondgrad.exercises.ch4`, figures and the chapter's
+error table in :mod:`beyondgrad.figures.ch4`.
 """
 
 from __future__ import annotations
@@ -29,59 +37,100 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from beyondgrad import compat, exercises
+from beyondgrad import compat
+
+__all__ = [
+    "BlockLayout",
+    "VmaReport",
+    "VmaRow",
+    "block_layout",
+    "data_parallel_value_and_grad",
+    "explain_transpose",
+    "explain_vma",
+    "spec_str",
+    "validate_spec",
+    "validate_specs",
+]
+
+#: A PartitionSpec, or what :func:`validate_spec` turns into one (None, a tuple).
+SpecLike = P | tuple | list | None
+#: A pytree of specs (a prefix of the arguments' pytree), as ``shard_map`` takes.
+Specs = Any
+
+_MESH_HINT = (
+    "e.g. jax.make_mesh((8,), ('data',)) or beyondgrad.runtime.demo_mesh(8, 'data')"
+)
 
 # --------------------------------------------------------------------------------------
-# Reading varying axes from avals, and validating specs
+# Validating meshes and specs
 # --------------------------------------------------------------------------------------
 
 
-def aval_varying_axes(aval: Any) -> frozenset[str]:
-    """Varying mesh axes recorded in an abstract value (``.vma`` on 0.8.x, later
-    ``.manual_axis_type.varying``); empty for avals without them (e.g. tokens)."""
-    mat = getattr(aval, "manual_axis_type", None)
-    if mat is not None:
-        return frozenset(mat.varying)
-    return frozenset(getattr(aval, "vma", None) or frozenset())
+def _require_mesh(mesh: object, what: str = "mesh") -> Mesh:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"{what} must be a jax.sharding.Mesh ({_MESH_HINT}), got {type(mesh).__name__}"
+        )
+    return mesh
 
 
-def _spec_axes(entry: Any) -> tuple[str, ...]:
+def _spec_axes(entry: object) -> tuple[str, ...]:
     """Mesh axes named by one entry of a PartitionSpec (None, a name, or a tuple)."""
     if entry is None:
         return ()
     if isinstance(entry, str):
         return (entry,)
-    if isinstance(entry, (tuple, list)):
+    if isinstance(entry, (tuple, list)) and all(isinstance(a, str) for a in entry):
         return tuple(entry)
-    raise TypeError(f"a PartitionSpec entry must be None, a mesh axis name or a tuple of names, got {entry!r}")
+    raise TypeError(
+        f"a PartitionSpec entry must be None, a mesh axis name or a tuple of names, got {entry!r}"
+    )
 
 
 def _mesh_sizes(mesh: Mesh | Mapping[str, int]) -> dict[str, int]:
     if isinstance(mesh, Mapping):
-        return dict(mesh)
-    return dict(zip(mesh.axis_names, mesh.devices.shape))
+        return {str(k): int(v) for k, v in mesh.items()}
+    return dict(zip(_require_mesh(mesh).axis_names, mesh.devices.shape))
+
+
+def spec_str(spec: P) -> str:
+    """``P('data', None)`` on every JAX version (0.8.x prints ``PartitionSpec(...)``)."""
+    return "P(" + ", ".join(repr(e) for e in spec) + ")"
 
 
 def validate_spec(
-    mesh: Mesh | Mapping[str, int], spec: Any, shape: Sequence[int] | None = None, *, what: str = "spec"
+    mesh: Mesh | Mapping[str, int],
+    spec: SpecLike,
+    shape: Sequence[int] | None = None,
+    *,
+    what: str = "spec",
 ) -> P:
     """Check one PartitionSpec against a mesh (and an argument shape); return it as ``P``.
 
-    Raises ``ValueError`` naming the offending axis or spec when: a mesh axis name is
-    not in the mesh, a mesh axis is used twice, the spec has more entries than the
-    argument has dimensions, or a dimension's size is not divisible by the product of
-    the mesh axis sizes it is split over.
+    ``mesh`` is a ``Mesh`` or a mapping ``{axis name: size}``. Raises ``ValueError``
+    naming the offending axis or spec when a mesh axis name is not in the mesh, a mesh
+    axis is used twice, the spec has more entries than the argument has dimensions, or
+    a dimension's size is not divisible by the product of the sizes of the mesh axes
+    it is split over (dimension ``k`` split over ``(a, b)`` has ``size(a) size(b)``
+    blocks). A string where a spec belongs is a ``TypeError`` suggesting ``P(name)``.
     """
     sizes = _mesh_sizes(mesh)
     if not isinstance(spec, P):
         if spec is None:
             spec = P()
+        elif isinstance(spec, str):
+            raise TypeError(
+                f"{what} must be a PartitionSpec such as P({spec!r}), got the string {spec!r}"
+            )
         elif isinstance(spec, (tuple, list)):
             spec = P(*spec)
         else:
-            raise TypeError(f"{what} must be a jax.sharding.PartitionSpec, got {type(spec).__name__}: {spec!r}")
+            raise TypeError(
+                f"{what} must be a jax.sharding.PartitionSpec, got {type(spec).__name__}: {spec!r}"
+            )
     shown = spec_str(spec)
     seen: list[str] = []
     for entry in spec:
@@ -92,7 +141,9 @@ def validate_spec(
                     f"the mesh axes are {tuple(sizes)}"
                 )
             if name in seen:
-                raise ValueError(f"{what} {shown} uses mesh axis {name!r} twice; each mesh axis may shard one dimension")
+                raise ValueError(
+                    f"{what} {shown} uses mesh axis {name!r} twice; each mesh axis may shard one dimension"
+                )
             seen.append(name)
     if shape is not None:
         shape = tuple(int(s) for s in shape)
@@ -111,17 +162,65 @@ def validate_spec(
     return spec
 
 
-def validate_specs(mesh: Mesh, specs: Any, args: Any, *, what: str = "in_specs") -> None:
+def _is_spec(s: object) -> bool:
+    return isinstance(s, P) or s is None
+
+
+def validate_specs(
+    mesh: Mesh | Mapping[str, int], specs: Specs, args: Any, *, what: str = "in_specs"
+) -> None:
     """Validate a pytree of PartitionSpecs (a prefix of ``args``) against mesh and shapes."""
-    is_spec = lambda s: isinstance(s, P) or s is None  # noqa: E731
-    spec_leaves, spec_def = jax.tree_util.tree_flatten(specs, is_leaf=is_spec)
+    if isinstance(specs, str):
+        raise TypeError(
+            f"{what} must be a PartitionSpec or a tuple of them, such as P({specs!r}); got a string"
+        )
+    spec_leaves, spec_def = jax.tree_util.tree_flatten(specs, is_leaf=_is_spec)
     try:
         arg_groups = spec_def.flatten_up_to(args)
-    except ValueError as e:
-        raise ValueError(f"{what} {specs!r} does not match the structure of the arguments: {e}") from None
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"{what} {specs!r} does not match the structure of the arguments: {e}"
+        ) from None
     for k, (spec, sub) in enumerate(zip(spec_leaves, arg_groups)):
+        name = f"{what}[{k}]" if len(spec_leaves) > 1 else what
         for leaf in jax.tree_util.tree_leaves(sub):
-            validate_spec(mesh, spec, np.shape(leaf), what=f"{what}[{k}]" if len(spec_leaves) > 1 else what)
+            validate_spec(mesh, spec, np.shape(leaf), what=name)
+
+
+def _leaf_struct(leaf: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        shape, dtype = tuple(leaf.shape), leaf.dtype
+    else:  # Python scalars and nested lists
+        arr = np.asarray(leaf)
+        shape, dtype = arr.shape, jnp.asarray(arr).dtype
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def _placed_structs(mesh: Mesh, specs: Specs, args: Any) -> Any:
+    """``args`` as ShapeDtypeStructs laid out as ``specs`` say on ``mesh``.
+
+    On an Explicit mesh the layout is part of an array's type, and ``shard_map``
+    rejects arguments whose type disagrees with ``in_specs``; giving every argument
+    the layout of its spec makes plain global arrays acceptable on every axis type.
+    """
+    return jax.tree_util.tree_map(
+        lambda spec, sub: jax.tree_util.tree_map(
+            lambda leaf: _leaf_struct(leaf, NamedSharding(mesh, spec or P())), sub
+        ),
+        specs,
+        args,
+        is_leaf=_is_spec,
+    )
+
+
+def _place(mesh: Mesh, specs: Specs, args: Any) -> Any:
+    """``jax.device_put`` every leaf of ``args`` with the NamedSharding of its spec."""
+    return jax.tree_util.tree_map(
+        lambda spec, sub: jax.device_put(sub, NamedSharding(mesh, spec or P())),
+        specs,
+        args,
+        is_leaf=_is_spec,
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -151,6 +250,7 @@ class VmaReport:
 
     mesh_axes: tuple[str, ...]
     arg_vma: tuple[frozenset[str], ...]
+    arg_types: tuple[str, ...]
     rows: tuple[VmaRow, ...]
     out_vma: tuple[frozenset[str], ...]
     out_types: tuple[str, ...]
@@ -165,7 +265,14 @@ class VmaReport:
 
     def table(self) -> str:
         """The report as a fixed-width text table."""
-        head = ("#", "where", "primitive", "inputs vary over", "outputs vary over", "output types")
+        head = (
+            "#",
+            "where",
+            "primitive",
+            "inputs vary over",
+            "outputs vary over",
+            "output types",
+        )
         body = [
             (
                 str(r.index),
@@ -177,21 +284,27 @@ class VmaReport:
             )
             for r in self.rows
         ]
-        widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
-        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+        widths = [
+            max(len(h), *(len(row[i]) for row in body)) if body else len(h)
+            for i, h in enumerate(head)
+        ]
+
+        def line(cells: Sequence[str]) -> str:
+            return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
         out = [
-            f"mesh axes {self.mesh_axes}; arguments vary over: " + " ".join(_fmt_axes(a) for a in self.arg_vma),
+            f"mesh axes {self.mesh_axes}; arguments: " + " ".join(self.arg_types),
             line(head),
             line(tuple("-" * w for w in widths)),
             *(line(row) for row in body),
-            "results vary over: " + " ".join(_fmt_axes(a) for a in self.out_vma) + "   types: " + " ".join(self.out_types),
+            "results: " + " ".join(self.out_types),
         ]
         return "\n".join(out)
 
     def __str__(self) -> str:
         return self.table()
 
-    def _repr_pretty_(self, p, cycle) -> None:
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.table())
 
 
@@ -228,8 +341,8 @@ def _walk(jaxpr: Any, where: str, rows: list[VmaRow]) -> None:
                 index=len(rows),
                 where=where,
                 primitive=name,
-                in_vma=tuple(aval_varying_axes(v.aval) for v in eqn.invars),
-                out_vma=tuple(aval_varying_axes(v.aval) for v in eqn.outvars),
+                in_vma=tuple(compat.varying_axes_of_aval(v.aval) for v in eqn.invars),
+                out_vma=tuple(compat.varying_axes_of_aval(v.aval) for v in eqn.outvars),
                 out_types=tuple(_short(v.aval) for v in eqn.outvars),
             )
         )
@@ -241,33 +354,37 @@ def _walk(jaxpr: Any, where: str, rows: list[VmaRow]) -> None:
 def explain_vma(
     f: Callable[..., Any],
     mesh: Mesh,
-    in_specs: Any,
+    in_specs: Specs,
     *args: Any,
-    out_specs: Any = None,
+    out_specs: Specs = None,
     check_vma: bool = True,
 ) -> VmaReport:
     """Trace ``f`` under ``jax.shard_map`` and report the varying axes of every value.
 
-    ``args`` are global arrays (or ``jax.ShapeDtypeStruct``); nothing is computed. With
-    ``out_specs=None`` the results are inspected but not returned from ``shard_map``, so
-    no output spec has to be guessed; pass ``out_specs`` to also check them as
-    ``shard_map`` does. Nested jaxprs (``scan`` bodies, ``cond`` branches, ``pjit``
+    ``args`` are global arrays or ``jax.ShapeDtypeStruct``s; only their shapes and
+    dtypes are used and nothing is computed (each is traced with the layout its spec
+    names, so a mesh from ``jax.make_mesh`` with Explicit axes works too). With
+    ``out_specs=None`` the results are inspected but not returned from ``shard_map``,
+    so no output spec has to be guessed; pass ``out_specs`` to also check them as
+    ``shard_map`` does. Nested jaxprs (``scan`` bodies, ``cond`` branches, ``jit``
     calls, custom rules) are walked too; their rows carry a ``where`` path.
-    Raises ``ValueError`` naming the axis/spec for specs that do not fit the mesh or args.
+    Raises ``ValueError`` naming the axis/spec for specs that do not fit mesh or args.
     """
     if not callable(f):
-        raise TypeError(f"f must be a function, got {type(f).__name__}")
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"mesh must be a jax.sharding.Mesh (e.g. runtime.demo_mesh(...)), got {type(mesh).__name__}")
+        raise TypeError(
+            f"f must be a function, got {type(f).__name__}; pass the function itself"
+        )
+    _require_mesh(mesh)
     validate_specs(mesh, in_specs, args, what="in_specs")
     if out_specs is not None:
-        is_spec = lambda s: isinstance(s, P) or s is None  # noqa: E731
-        for s in jax.tree_util.tree_leaves(out_specs, is_leaf=is_spec):
+        for s in jax.tree_util.tree_leaves(out_specs, is_leaf=_is_spec):
             validate_spec(mesh, s, what="out_specs")
     seen: dict[str, Any] = {}
 
     def body(*inner: Any) -> Any:
-        seen["args"] = tuple(compat.varying_axes(x) for x in jax.tree_util.tree_leaves(inner))
+        leaves = jax.tree_util.tree_leaves(inner)
+        seen["args"] = tuple(compat.varying_axes(x) for x in leaves)
+        seen["arg_types"] = tuple(_short(jax.typeof(x)) for x in leaves)
         out = f(*inner)
         leaves = jax.tree_util.tree_leaves(out)
         seen["out"] = tuple(compat.varying_axes(x) for x in leaves)
@@ -275,9 +392,14 @@ def explain_vma(
         return out if out_specs is not None else ()
 
     mapped = jax.shard_map(
-        body, mesh=mesh, in_specs=in_specs, out_specs=out_specs if out_specs is not None else (), check_vma=check_vma
+        body,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs if out_specs is not None else (),
+        check_vma=check_vma,
     )
-    closed = jax.make_jaxpr(mapped)(*args)
+    structs = _placed_structs(mesh, in_specs, args)
+    closed = jax.make_jaxpr(mapped)(*structs)
     inner = [e for e in closed.jaxpr.eqns if e.primitive.name == "shard_map"]
     if len(inner) != 1:  # pragma: no cover - the trace above makes exactly one
         raise RuntimeError(f"expected one shard_map equation, found {len(inner)}")
@@ -286,10 +408,41 @@ def explain_vma(
     return VmaReport(
         mesh_axes=tuple(mesh.axis_names),
         arg_vma=seen["args"],
+        arg_types=seen["arg_types"],
         rows=tuple(rows),
         out_vma=seen["out"],
         out_types=seen["types"],
     )
+
+
+def explain_transpose(
+    f: Callable[..., Any], mesh: Mesh, in_specs: Specs, *args: Any
+) -> VmaReport:
+    """The :func:`explain_vma` report of the *transpose* of a linear ``f``.
+
+    Inside ``shard_map``, ``f`` is applied to the blocks, and ``jax.linear_transpose(f,
+    *blocks)`` is applied to a cotangent of the output's type (``f``'s own output is
+    used, so shape and varying axes match). The rows returned are those of the
+    transpose only; ``arg_types`` are the types of ``f``'s arguments and ``out_types``
+    the types the transpose returns (the same as the arguments', by definition).
+    A non-linear ``f`` raises JAX's own error (e.g. ``NotImplementedError`` for a
+    primitive with no transpose rule).
+    """
+    if not callable(f):
+        raise TypeError(
+            f"f must be a function, got {type(f).__name__}; pass the function itself"
+        )
+    forward = explain_vma(f, mesh, in_specs, *args)
+
+    def round_trip(*blocks: Any) -> Any:
+        return jax.linear_transpose(f, *blocks)(f(*blocks))
+
+    both = explain_vma(round_trip, mesh, in_specs, *args)
+    rows = tuple(
+        dataclasses.replace(r, index=k)
+        for k, r in enumerate(both.rows[len(forward.rows) :])
+    )
+    return dataclasses.replace(both, rows=rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -319,13 +472,20 @@ def data_parallel_value_and_grad(
 
     Returns a jitted ``f(params, batch) -> (loss, grads)``; every leaf of ``batch`` is
     split along its leading dimension, which must be divisible by the size of ``axis``.
+    Plain arrays are placed first (``params`` replicated, ``batch`` split), so any mesh
+    works, Explicit or Auto axes.
     """
     if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be a function (params, batch) -> scalar, got {type(loss_fn).__name__}")
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+        raise TypeError(
+            f"loss_fn must be a function (params, batch) -> scalar, got {type(loss_fn).__name__}"
+        )
+    _require_mesh(mesh)
+    if not isinstance(axis, str):
+        raise TypeError(f"axis must be one mesh axis name (a str), got {axis!r}")
     if axis not in mesh.axis_names:
-        raise ValueError(f"axis {axis!r} is not a mesh axis; the mesh axes are {tuple(mesh.axis_names)}")
+        raise ValueError(
+            f"axis {axis!r} is not a mesh axis; the mesh axes are {tuple(mesh.axis_names)}"
+        )
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     collective = lax.pmean if reduction == "mean" else lax.psum
@@ -334,7 +494,9 @@ def data_parallel_value_and_grad(
         def global_loss(p: Any) -> jax.Array:
             local = loss_fn(p, batch)
             if jnp.ndim(local) != 0:
-                raise TypeError(f"loss_fn must return a scalar, got shape {jnp.shape(local)}")
+                raise TypeError(
+                    f"loss_fn must return a scalar, got shape {jnp.shape(local)}"
+                )
             return collective(local, axis)
 
         return jax.value_and_grad(global_loss)(params)
@@ -347,83 +509,21 @@ def data_parallel_value_and_grad(
             validate_spec(mesh, P(axis), np.shape(leaf), what=f"batch spec P({axis!r})")
         n = {np.shape(leaf)[0] for leaf in leaves}
         if len(n) != 1:
-            raise ValueError(f"every batch leaf must have the same leading size (examples), got {sorted(n)}")
-        mapped = jax.shard_map(per_shard, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()))
+            raise ValueError(
+                f"every batch leaf must have the same leading size (examples), got {sorted(n)}"
+            )
+        specs = (P(), P(axis))
+        params, batch = _place(mesh, specs, (params, batch))
+        mapped = jax.shard_map(
+            per_shard, mesh=mesh, in_specs=specs, out_specs=(P(), P())
+        )
         return mapped(params, batch)
 
     return jax.jit(run)
 
 
 # --------------------------------------------------------------------------------------
-# Collecting the errors a chapter meets
-# --------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ErrorRecord:
-    """One failing snippet: what it raised (or that it did not), why, and the fix."""
-
-    name: str
-    error: str  # exception class name, or "no error"
-    head: str  # first line of the message
-    cause: str
-    fix: str
-
-
-class ErrorLog:
-    """Re-run failing snippets, catch what they raise and tabulate it.
-
-    ``log.record(name, thunk, cause=..., fix=...)`` calls ``thunk()``; the exception's
-    class and the first line of its message are kept (``"no error"`` if it ran).
-    """
-
-    def __init__(self) -> None:
-        self.records: list[ErrorRecord] = []
-
-    def record(self, name: str, thunk: Callable[[], Any], *, cause: str, fix: str) -> ErrorRecord:
-        if not callable(thunk):
-            raise TypeError(f"thunk must be a zero-argument function, got {type(thunk).__name__}")
-        try:
-            out = thunk()
-            jax.block_until_ready(out)
-            rec = ErrorRecord(name, "no error", f"ran on JAX {jax.__version__}", cause, fix)
-        except Exception as e:  # the point is to catch and tabulate
-            msg = str(e).strip()
-            head = msg.splitlines()[0] if msg else ""
-            rec = ErrorRecord(name, type(e).__name__, head, cause, fix)
-        self.records.append(rec)
-        return rec
-
-    def table(self, width: int = 90) -> str:
-        """Markdown-free text table: name, error class, message head, cause, fix."""
-        blocks = []
-        for k, r in enumerate(self.records, 1):
-            head = r.head if len(r.head) <= width else r.head[: width - 1] + "…"
-            blocks.append(
-                f"{k}. {r.name}\n   raises: {r.error}: {head}\n   cause:  {r.cause}\n   fix:    {r.fix}"
-            )
-        return "\n".join(blocks)
-
-    def html(self, width: int = 110) -> str:
-        """The records as an HTML table (for ``IPython.display.HTML``)."""
-        from html import escape
-
-        def cell(text: str, code: bool = False) -> str:
-            text = text if len(text) <= width else text[: width - 1] + "…"
-            text = escape(text)
-            return f"<code>{text}</code>" if code and text else text
-
-        head = "".join(f"<th>{h}</th>" for h in ("#", "snippet", "raises", "message head", "cause", "fix"))
-        rows = [
-            f"<tr><td>{k}</td><td>{cell(r.name)}</td><td>{cell(r.error, True)}</td>"
-            f"<td>{cell(r.head, True)}</td><td>{cell(r.cause)}</td><td>{cell(r.fix)}</td></tr>"
-            for k, r in enumerate(self.records, 1)
-        ]
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-
-
-# --------------------------------------------------------------------------------------
-# Which device holds which block (the widget's callback)
+# Which device holds which block
 # --------------------------------------------------------------------------------------
 
 
@@ -463,7 +563,7 @@ class BlockLayout:
         """Blocks, copies and varying axes in one line."""
         copies = len(self.blocks) // len(self.holders())
         return (
-            f"{len(self.holders())} distinct block(s) of shape {self.block_shape}, {copies} device(s) each; "
+            f"{len(self.holders())} block(s) of shape {self.block_shape}, {copies} device(s) each; "
             f"varies over {_fmt_axes(self.varying)}, invariant over {_fmt_axes(self.replicated_over)}"
         )
 
@@ -475,9 +575,9 @@ class BlockLayout:
 
 def block_layout(
     mesh_shape: Sequence[int],
-    spec: Any,
+    spec: SpecLike,
     array_shape: Sequence[int],
-    axis_names: Sequence[str] = ("x", "y"),
+    axis_names: Sequence[str] = ("data", "model"),
 ) -> BlockLayout:
     """Compute, without devices, which block of the array each mesh position holds.
 
@@ -486,14 +586,28 @@ def block_layout(
     holds block ``((c_a * size(b) + c_b) * ...)`` (major to minor in the order listed).
     Axes not named by the spec do not split anything: devices along them hold copies.
     """
-    mesh_shape = tuple(int(s) for s in mesh_shape)
+    if isinstance(mesh_shape, Mesh):
+        raise TypeError(
+            "mesh_shape is a tuple of sizes: pass mesh.devices.shape and mesh.axis_names"
+        )
+    if isinstance(axis_names, str):
+        axis_names = (axis_names,)
+    try:
+        mesh_shape = tuple(int(s) for s in mesh_shape)
+        array_shape = tuple(int(s) for s in array_shape)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"mesh_shape and array_shape must be sequences of ints, got {mesh_shape!r} and {array_shape!r}"
+        ) from None
     axis_names = tuple(axis_names)
     if len(mesh_shape) != len(axis_names):
-        raise ValueError(f"mesh_shape {mesh_shape} has {len(mesh_shape)} axes but axis_names {axis_names} has {len(axis_names)}")
+        raise ValueError(
+            f"mesh_shape {mesh_shape} has {len(mesh_shape)} axes but axis_names {axis_names} "
+            f"has {len(axis_names)}"
+        )
     if any(s < 1 for s in mesh_shape):
         raise ValueError(f"mesh_shape entries must be >= 1, got {mesh_shape}")
     sizes = dict(zip(axis_names, mesh_shape))
-    array_shape = tuple(int(s) for s in array_shape)
     spec = validate_spec(sizes, spec, array_shape, what="spec")
     entries = [_spec_axes(e) for e in spec] + [()] * (len(array_shape) - len(spec))
     blocks = []
@@ -509,207 +623,6 @@ def block_layout(
             blk.append(slice(k * step, (k + 1) * step))
         blocks.append(tuple(blk))
     varying = frozenset(a for names in entries for a in names)
-    return BlockLayout(mesh_shape, axis_names, spec, array_shape, tuple(blocks), varying)
-
-
-def plot_layout(layout: BlockLayout, ax: Any = None) -> Any:
-    """Draw a 2-D array's blocks, coloured by block, labelled with the devices holding them."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    if len(layout.array_shape) != 2:
-        raise ValueError(f"plot_layout draws 2-D arrays, got shape {layout.array_shape}")
-    if ax is None:
-        _, ax = plt.subplots(figsize=(3.2, 3.2))
-    rows, cols = layout.array_shape
-    cmap = plt.get_cmap("tab20")
-    for k, (blk, devs) in enumerate(sorted(layout.holders().items())):
-        (r0, r1), (c0, c1) = blk
-        ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=cmap(k % 20), edgecolor="black", lw=1.2))
-        label = ",".join(str(d) for d in devs)
-        if len(devs) > 4:
-            label = f"{devs[0]}..{devs[-1]}\n({len(devs)} copies)"
-        ax.text((c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=7)
-    ax.set_xlim(0, cols)
-    ax.set_ylim(rows, 0)
-    ax.set_aspect("equal")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    mesh = "x".join(str(s) for s in layout.mesh_shape)
-    ax.set_title(f"mesh {mesh}, {spec_str(layout.spec)}\nvaries over {_fmt_axes(layout.varying)}", fontsize=8)
-    return ax
-
-
-def spec_str(spec: P) -> str:
-    """``P('x', None)`` on every JAX version (older ones print ``PartitionSpec(...)``)."""
-    return "P(" + ", ".join(repr(e) for e in spec) + ")"
-
-
-def _parse_entry(entry: str | None) -> Any:
-    if entry in (None, "None", ""):
-        return None
-    parts = tuple(p.strip() for p in str(entry).split("+"))
-    return parts[0] if len(parts) == 1 else parts
-
-
-def layout_figure(mesh_shape: Sequence[int] | str = (2, 4), dim0: str | None = "x", dim1: str | None = "y",
-                  array_shape: Sequence[int] = (8, 8)) -> Any:
-    """The widget callback: mesh shape and a spec ``P(dim0, dim1)`` -> figure of the layout.
-
-    ``mesh_shape`` is a tuple or a string like ``"2x4"`` (axes ``x`` and ``y``); ``dim0``/
-    ``dim1`` are ``None``, an axis name, or ``"x+y"`` for a dimension split over both.
-    Returns the matplotlib figure (its axes title states the varying axes).
-    """
-    import matplotlib.pyplot as plt
-
-    if isinstance(mesh_shape, str):
-        try:
-            mesh_shape = tuple(int(s) for s in mesh_shape.lower().split("x"))
-        except ValueError:
-            raise ValueError(f"mesh_shape must look like '2x4', got {mesh_shape!r}") from None
-    layout = block_layout(mesh_shape, P(_parse_entry(dim0), _parse_entry(dim1)), array_shape)
-    fig, ax = plt.subplots(figsize=(3.4, 3.4))
-    plot_layout(layout, ax)
-    fig.text(0.5, 0.01, f"{len(layout.holders())} distinct block(s), each on {len(layout.blocks) // len(layout.holders())} device(s)",
-             ha="center", fontsize=8)
-    plt.close(fig)  # returned for display; keep pyplot from showing it a second time
-    return fig
-
-
-def layout_small_multiples(
-    cases: Sequence[tuple[Sequence[int], Any]], array_shape: Sequence[int] = (8, 8)
-) -> Any:
-    """Static fallback for the widget: one panel per ``(mesh_shape, spec)`` case."""
-    import matplotlib.pyplot as plt
-
-    if not cases:
-        raise ValueError("layout_small_multiples needs at least one (mesh_shape, spec) case")
-    n = len(cases)
-    cols = min(n, 3)
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 3.1 * rows), squeeze=False)
-    for ax, (shape, spec) in zip(axes.flat, cases):
-        plot_layout(block_layout(shape, spec, array_shape), ax)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.tight_layout()
-    plt.close(fig)  # returned for display; keep pyplot from showing it a second time
-    return fig
-
-
-# --------------------------------------------------------------------------------------
-# Exercises
-# --------------------------------------------------------------------------------------
-
-
-def _exercise_mesh(n: int = 8) -> Mesh:
-    from beyondgrad import runtime
-
-    return runtime.demo_mesh((n // 2, 2), ("x", "y"))
-
-
-def _vma_expressions() -> dict[str, tuple[Callable[..., Any], tuple[P, ...]]]:
-    """The five expressions of the prediction exercise on a 4x2 ('x', 'y') mesh.
-
-    a: f32[8] with P('x'), b: f32[4] with P('y'), w: f32[2] with P(); each shard is f32[2].
-    """
-    specs = (P("x"), P("y"), P())
-    return {
-        "a * w": (lambda a, b, w: a * w, specs),
-        "a + b": (lambda a, b, w: a + b, specs),
-        "psum(a * b, 'x')": (lambda a, b, w: lax.psum(a * b, "x"), specs),
-        "all_gather(a, 'x') + w": (lambda a, b, w: lax.all_gather(a, "x") + w, specs),
-        "pmean(a + b, ('x', 'y'))": (lambda a, b, w: lax.pmean(a + b, ("x", "y")), specs),
-    }
-
-
-#: The expressions of the prediction exercise, in order (a: P('x'), b: P('y'), w: P()).
-VMA_EXPRESSIONS: tuple[str, ...] = tuple(_vma_expressions())
-
-
-def expected_vma(mesh: Mesh | None = None) -> dict[str, frozenset[str]]:
-    """The varying axes of each exercise expression, read off :func:`explain_vma`."""
-    mesh = _exercise_mesh() if mesh is None else mesh
-    args = (jnp.ones(8), jnp.ones(4), jnp.ones(2))  # every shard has shape (2,) on a 4x2 mesh
-    return {name: explain_vma(fn, mesh, specs, *args).out_vma[0] for name, (fn, specs) in _vma_expressions().items()}
-
-
-def check_predict_vma(answers: Any, *, strict: bool = False) -> exercises.Feedback:
-    """Compare predicted varying axes (``{expression: set of axes}``, or a function
-    returning that dict) with what :func:`explain_vma` reports for each expression."""
-    name = "predict the varying axes"
-    if callable(answers):
-        answers = exercises.call_answer(answers, what="your predictions")
-    msg = exercises.failed(answers)
-    if msg:
-        return exercises.verdict(name, [msg], strict=strict)
-    if answers is ... or answers is None:
-        return exercises.verdict(name, ["still the stub: fill in a set of axes for every expression"], strict=strict)
-    if not isinstance(answers, Mapping):
-        return exercises.verdict(name, [f"answers must be a dict {{expression: set of axes}}, got {type(answers).__name__}"], strict=strict)
-    want = expected_vma()
-    problems = []
-    for expr, axes in want.items():
-        if expr not in answers or answers[expr] is ...:
-            problems.append(f"no prediction for {expr!r}")
-            continue
-        got = answers[expr]
-        got = frozenset((got,) if isinstance(got, str) else (got or ()))
-        if got != axes:
-            problems.append(f"{expr}: you predicted {_fmt_axes(got)}, the explainer says {_fmt_axes(axes)}")
-    extra = sorted(set(answers) - set(want))
-    if extra:
-        problems.append(f"unknown expression(s) {extra}; the five are {list(want)}")
-    return exercises.verdict(name, problems, success="all five match the explainer", strict=strict)
-
-
-def linear_problem(n: int = 16, d: int = 3, seed: int = 0) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """A small least-squares problem: ``w`` (d,), ``X`` (n, d), ``y = X (1..d) + noise`` (n,)."""
-    key_w, key_x, key_n = jax.random.split(jax.random.PRNGKey(seed), 3)
-    w = jax.random.normal(key_w, (d,))
-    X = jax.random.normal(key_x, (n, d))
-    y = X @ jnp.arange(1.0, d + 1.0) + 0.1 * jax.random.normal(key_n, (n,))
-    return w, X, y
-
-
-def mse_loss(w: jax.Array, X: jax.Array, y: jax.Array) -> jax.Array:
-    """Mean squared error ``mean_n (X_n . w - y_n)^2`` (the exercises' loss)."""
-    return jnp.mean((X @ w - y) ** 2)
-
-
-def check_fix_training_step(step: Callable[[Any, Any, Any], Any], *, lr: float = 0.1, strict: bool = False) -> exercises.Feedback:
-    """``step(w, X, y)`` runs inside ``shard_map`` (w: P(), X and y: P('data')) and must return
-    ``w - lr * grad(mse_loss)(w, X_all, y_all)``, the single-device SGD step, on 1, 2, 4 and 8 devices."""
-    from beyondgrad import runtime
-
-    name = "fix the training step"
-    w, X, y = linear_problem()
-    with jax.default_matmul_precision("highest"):
-        want = w - lr * jax.grad(mse_loss)(w, X, y)
-        problems: list[str] = []
-        for n in (1, 2, 4, 8):
-            mesh = runtime.demo_mesh(n, "data")
-            mapped = jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=P())
-            got = exercises.call_answer(mapped, w, X, y, what="your step")
-            msg = exercises.failed(got)
-            if msg:
-                problems.append(f"on {n} device(s): {msg}")
-                break
-            bad = exercises.tree_mismatches(got, want, rtol=1e-4, atol=1e-5, name="new w")
-            if bad:
-                ratio = float(jnp.linalg.norm(w - jnp.asarray(got)) / jnp.linalg.norm(w - want))
-                problems.append(f"on {n} device(s): the update is {ratio:.3g} x the single-device update ({bad[0]})")
-    return exercises.verdict(name, problems, success="same update as one device on 1, 2, 4 and 8 devices", strict=strict)
-
-
-def check_fix_loop_carry(running_total: Callable[[jax.Array], jax.Array], *, strict: bool = False) -> exercises.Feedback:
-    """``running_total(x)`` runs inside ``shard_map`` (x: P('data'), out P('data')) and must
-    return ``sum_{k<3} (k + 1) * x = 6 x`` computed with a loop whose carry is varying."""
-    from beyondgrad import runtime
-
-    name = "fix the loop carry"
-    mesh = runtime.demo_mesh(8, "data")
-    x = jnp.arange(16.0)
-    mapped = jax.shard_map(running_total, mesh=mesh, in_specs=P("data"), out_specs=P("data"))
-    got = exercises.call_answer(mapped, x, what="your running_total")
-    return exercises.check_allclose(name, got, 6.0 * x, success="the loop runs and gives 6 x on 8 devices", strict=strict)
+    return BlockLayout(
+        mesh_shape, axis_names, spec, array_shape, tuple(blocks), varying
+    )

@@ -1,0 +1,319 @@
+"""Checkers for Chapter 4 (shard_map and varying manual axes).
+
+* :func:`check_predict_vma` (exercise 4.1): the varying axes of five expressions on a
+  4x2 mesh with axes ``("data", "model")``, compared with :func:`sharding.explain_vma`.
+* :func:`check_sharded_step` (exercise 4.2): an SGD step with the parameters split over
+  ``"data"`` (ZeRO style), compared with one device on meshes of 1, 2, 4 and 8 devices.
+* :func:`check_two_axis_carry` (exercise 4.3): a loop whose carry must vary over
+  ``"data"`` only, on 4x2 and 2x4 ``("data", "model")`` meshes.
+
+Each checker names the mesh axes it uses in its messages, so a student who wrote
+another axis name (``"i"``) learns which names exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from beyondgrad import exercises, runtime, sharding
+
+__all__ = [
+    "CARRY_RTOL",
+    "STEP_RTOL",
+    "VMA_EXPRESSIONS",
+    "check_predict_vma",
+    "check_sharded_step",
+    "check_two_axis_carry",
+    "step_problem",
+]
+
+#: Mesh axes of every Chapter 4 exercise.
+AXES = ("data", "model")
+
+# --------------------------------------------------------------------------------------
+# Exercise 4.1: predict the varying axes
+# --------------------------------------------------------------------------------------
+
+
+def _vma_expressions() -> dict[str, Callable[..., Any]]:
+    """a: f32[8] with P('data'), b: f32[4] with P('model'), w: f32[2] with P()."""
+    return {
+        "a * w": lambda a, b, w: a * w,
+        "a + b": lambda a, b, w: a + b,
+        "psum(a * b, 'data')": lambda a, b, w: lax.psum(a * b, "data"),
+        "all_gather(a, 'data') + w": lambda a, b, w: lax.all_gather(a, "data") + w,
+        "pmean(a + b, ('data', 'model'))": lambda a, b, w: lax.pmean(
+            a + b, ("data", "model")
+        ),
+    }
+
+
+#: The expressions of the prediction exercise, in order.
+VMA_EXPRESSIONS: tuple[str, ...] = tuple(_vma_expressions())
+_VMA_SPECS = (P("data"), P("model"), P())
+
+
+def _mesh(shape: tuple[int, ...], names: tuple[str, ...] = AXES) -> Mesh:
+    return runtime.demo_mesh(shape, names)
+
+
+def _mesh_words(mesh: Mesh) -> str:
+    sizes = ", ".join(
+        f"{a!r} of size {n}" for a, n in zip(mesh.axis_names, mesh.devices.shape)
+    )
+    return (
+        f"the checker's mesh has axes {sizes}; every collective must name one of them"
+    )
+
+
+def _explained_vma() -> dict[str, frozenset[str]]:
+    mesh = _mesh((4, 2))
+    args = (
+        jax.ShapeDtypeStruct((8,), jnp.float32),
+        jax.ShapeDtypeStruct((4,), jnp.float32),
+        jax.ShapeDtypeStruct((2,), jnp.float32),
+    )
+    return {
+        name: sharding.explain_vma(fn, mesh, _VMA_SPECS, *args).out_vma[0]
+        for name, fn in _vma_expressions().items()
+    }
+
+
+_INVARIANT_WORDS = {"", "{}", "set()", "none", "invariant", "()", "[]"}
+
+
+def _as_axes(value: Any) -> frozenset[str] | str:
+    """A prediction as a set of axis names, or a message saying why it cannot be one."""
+    if value is None:
+        return frozenset()
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _INVARIANT_WORDS:
+            return frozenset()
+        text = text.strip("{}()[] ")
+        parts = [p.strip().strip("'\"") for p in text.replace(",", " ").split()]
+        return frozenset(p for p in parts if p)
+    if isinstance(value, Iterable) and not isinstance(value, Mapping):
+        items = list(value)
+        if all(isinstance(a, str) for a in items):
+            return frozenset(a.strip().lower() for a in items)
+    return f"give a set of mesh axis names such as {{'data'}} or set(), got {value!r}"
+
+
+def check_predict_vma(answers: Any, *, strict: bool = False) -> exercises.Feedback:
+    """Compare predicted varying axes (``{expression: set of axes}``, or a function
+    returning that dict) with what :func:`sharding.explain_vma` reports for each
+    expression on a 4x2 mesh with axes ``("data", "model")``.
+
+    A prediction may be a set, list or tuple of axis names, one name as a string, or
+    ``set()`` / ``None`` / ``"{}"`` for invariant; names are compared stripped and
+    lower-cased.
+    """
+    name = "Exercise 4.1 (predict the varying axes)"
+    if callable(answers):
+        answers = exercises.call_answer(answers, what="your predictions")
+    if exercises.is_stub(answers):
+        return exercises.verdict(name, [], attempted=False, strict=strict)
+    msg = exercises.failed(answers)
+    if msg:
+        return exercises.verdict(name, [msg], strict=strict)
+    if not isinstance(answers, Mapping):
+        return exercises.verdict(
+            name,
+            [
+                f"answers must be a dict {{expression: set of axes}}, got {type(answers).__name__}"
+            ],
+            strict=strict,
+        )
+    want = _explained_vma()
+    given = {str(k).strip(): v for k, v in answers.items()}
+    problems = []
+    for expr, axes in want.items():
+        if expr not in given:
+            problems.append(f"no prediction for {expr!r}")
+            continue
+        got = _as_axes(given[expr])
+        if isinstance(got, str):
+            problems.append(f"{expr}: {got}")
+        elif got - set(AXES):
+            problems.append(
+                f"{expr}: {sorted(got - set(AXES))} is not a mesh axis; the axes are {AXES}"
+            )
+        elif got != axes:
+            problems.append(
+                f"{expr}: you predicted {sharding._fmt_axes(got)}, the explainer says {sharding._fmt_axes(axes)}"
+            )
+    extra = sorted(set(given) - set(want))
+    if extra:
+        problems.append(f"unknown expression(s) {extra}; the five are {list(want)}")
+    return exercises.verdict(
+        name, problems, success="all five match the explainer", strict=strict
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Exercise 4.2: the parameters split over "data" (a ZeRO-style step)
+# --------------------------------------------------------------------------------------
+
+
+def step_problem(
+    n: int = 16, d: int = 8, seed: int = 0
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Least squares data for exercise 4.2: ``w`` (d,), ``X`` (n, d), ``y`` (n,)."""
+    key_w, key_x, key_n = jax.random.split(jax.random.PRNGKey(seed), 3)
+    w = jax.random.normal(key_w, (d,))
+    X = jax.random.normal(key_x, (n, d))
+    y = X @ jnp.linspace(-1.0, 1.0, d) + 0.1 * jax.random.normal(key_n, (n,))
+    return w, X, y
+
+
+def _mse(w: jax.Array, X: jax.Array, y: jax.Array) -> jax.Array:
+    return jnp.mean((X @ w - y) ** 2)
+
+
+#: Relative tolerance of exercise 4.2: the book's solution differs from one device by
+#: at most ~2e-7 in float32 on CPU (measured, tests/test_exercises_ch4.py); 50x margin.
+STEP_RTOL = 1e-5
+
+
+def check_sharded_step(
+    step: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+    *,
+    lr: float = 0.1,
+    strict: bool = False,
+) -> exercises.Feedback:
+    """``step(w_block, X_block, y_block)`` runs inside ``shard_map`` on a 1-D mesh with
+    axis ``"data"`` (w, X and y all ``P("data")``, out ``P("data")``) and must return this
+    device's block of ``w - lr * grad(mse)(w, X, y)``, the single-device SGD step, on 1,
+    2, 4 and 8 devices (relative error <= :data:`STEP_RTOL`, computed at "highest"
+    matmul precision). A wrong update is reported as a signed ratio to the right one.
+    """
+    name = "Exercise 4.2 (a step with the parameters split over 'data')"
+    msg = exercises.require_callable(step, "your step")
+    if msg:
+        return exercises.verdict(name, [msg], strict=strict)
+    w, X, y = step_problem()
+    problems: list[str] = []
+    with jax.default_matmul_precision("highest"):
+        want = w - lr * jax.grad(_mse)(w, X, y)
+        for n in (1, 2, 4, 8):
+            mesh = runtime.demo_mesh(n, "data")
+            spec = P("data")
+            mapped = jax.jit(
+                jax.shard_map(
+                    step, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec
+                )
+            )
+            got = exercises.call_answer(mapped, w, X, y, what="your step")
+            if exercises.is_stub(got):
+                return exercises.verdict(name, [], attempted=False, strict=strict)
+            msg = exercises.failed(got)
+            if msg:
+                problems.append(f"on {n} device(s): {msg} ({_mesh_words(mesh)})")
+                break
+            bad = exercises.tree_mismatches(
+                got,
+                want,
+                rtol=STEP_RTOL,
+                atol=1e-6,
+                name="new w",
+                allow_python_scalars=False,
+            )
+            if bad:
+                if np.shape(got) == np.shape(want) and np.all(np.isfinite(got)):
+                    full, taken = (
+                        np.asarray(w - want, np.float64),
+                        np.asarray(w - got, np.float64),
+                    )
+                    ratio = float(taken @ full / (full @ full))
+                    problems.append(
+                        f"on {n} device(s): your update is {ratio:+.3g} x the single-device update "
+                        f"(projected on it); {bad[0]}"
+                    )
+                else:
+                    problems.append(f"on {n} device(s): {bad[0]}")
+                break
+    return exercises.verdict(
+        name,
+        problems,
+        success="same new parameters as one device on 1, 2, 4 and 8 devices",
+        strict=strict,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Exercise 4.3: a loop carry over two mesh axes
+# --------------------------------------------------------------------------------------
+
+_LOOPS = ("scan", "while")
+#: Relative tolerance of exercise 4.3: its inputs are multiples of 1/8, so the sums are
+#: exact in float32 whatever the order; 1e-6 leaves room for another summation order.
+CARRY_RTOL = 1e-6
+
+
+def check_two_axis_carry(
+    weighted_row_sums: Callable[[jax.Array], jax.Array], *, strict: bool = False
+) -> exercises.Feedback:
+    """``weighted_row_sums(x_block)`` runs inside ``shard_map`` with ``in_specs=P("data",
+    "model")`` and ``out_specs=P("data")`` on 4x2 and 2x4 meshes with axes ``("data",
+    "model")``; it must return ``sum_{k<3} (k + 1) * (row sums of the whole row) = 6 *
+    x.sum(1)`` (relative error <= :data:`CARRY_RTOL`, float32) and contain a loop (``fori_loop``,
+    ``scan`` or ``while_loop``: checked in its jaxpr).
+    """
+    name = "Exercise 4.3 (a loop carry over two mesh axes)"
+    msg = exercises.require_callable(weighted_row_sums, "your weighted_row_sums")
+    if msg:
+        return exercises.verdict(name, [msg], strict=strict)
+    x = jnp.arange(64.0).reshape(8, 8) / 8.0
+    want = 6.0 * jnp.sum(x, axis=1)
+    problems: list[str] = []
+    for shape in ((4, 2), (2, 4)):
+        mesh = _mesh(shape)
+        mapped = jax.jit(
+            jax.shard_map(
+                weighted_row_sums,
+                mesh=mesh,
+                in_specs=P("data", "model"),
+                out_specs=P("data"),
+            )
+        )
+        where = f"on the {shape[0]}x{shape[1]} mesh"
+        got = exercises.call_answer(mapped, x, what="your weighted_row_sums")
+        if exercises.is_stub(got):
+            return exercises.verdict(name, [], attempted=False, strict=strict)
+        msg = exercises.failed(got)
+        if msg:
+            problems.append(f"{where}: {msg} ({_mesh_words(mesh)})")
+            break
+        bad = exercises.tree_mismatches(
+            got,
+            want,
+            rtol=CARRY_RTOL,
+            atol=1e-6,
+            name="row sums",
+            allow_python_scalars=False,
+        )
+        if bad:
+            problems.append(f"{where}: {bad[0]}")
+            break
+        report = sharding.explain_vma(weighted_row_sums, mesh, P("data", "model"), x)
+        if not any(p in _LOOPS for p in report.primitives()):
+            problems.append(
+                "the values are right but your function has no loop (no scan/while in its jaxpr): "
+                "the exercise is about the loop carry; use lax.fori_loop"
+            )
+            break
+    return exercises.verdict(
+        name,
+        problems,
+        success="a loop, and 6 * row sums on 4x2 and 2x4 meshes",
+        strict=strict,
+    )
