@@ -30,6 +30,7 @@ __all__ = [
     "AxisNames",
     "backends_initialized",
     "concrete_value",
+    "custom_root_eqns",
     "custom_root_integer_aux_ok",
     "custom_root_with_aux",
     "is_tracer",
@@ -61,9 +62,7 @@ def _axis_tuple(axis_names: AxisNames) -> tuple[str, ...]:
             f"axis_names must be a str or a sequence of str, got {type(axis_names).__name__}"
         ) from None
     if not all(isinstance(a, str) for a in names):
-        raise TypeError(
-            f"axis_names must be a str or a sequence of str, got {axis_names!r}"
-        )
+        raise TypeError(f"axis_names must be a str or a sequence of str, got {axis_names!r}")
     return names
 
 
@@ -115,10 +114,7 @@ def make_mesh(
         raise ValueError(f"axis_types must be 'auto' or 'explicit', got {axis_types!r}")
     names = _axis_tuple(axis_names)
     return jax.make_mesh(
-        tuple(shape),
-        names,
-        axis_types=(kinds[axis_types],) * len(names),
-        devices=devices,
+        tuple(shape), names, axis_types=(kinds[axis_types],) * len(names), devices=devices
     )
 
 
@@ -153,9 +149,7 @@ def jit_cache_size(jitted: Any) -> int:
     """Entries in a ``jax.jit`` function's dispatch cache (one per trace it kept)."""
     size = getattr(jitted, "_cache_size", None)
     if size is None:
-        raise TypeError(
-            f"expected a function made by jax.jit, got {type(jitted).__name__}"
-        )
+        raise TypeError(f"expected a function made by jax.jit, got {type(jitted).__name__}")
     return int(size())
 
 
@@ -222,6 +216,21 @@ def primitive_names(jaxpr: Any) -> list[str]:
             for sub in _sub_jaxprs(value):
                 names.extend(primitive_names(sub))
     return names
+
+
+def custom_root_eqns(jaxpr: Any) -> list[Any]:
+    """The equations of ``jaxpr``'s top level that are ``lax.custom_root`` calls.
+
+    Their ``invars`` are the operands ``custom_root`` was given after closure
+    conversion: the initial guess and every value ``f``, ``solve`` and
+    ``tangent_solve`` close over (their order differs between JAX versions).
+    """
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    if not hasattr(inner, "eqns"):
+        raise TypeError(
+            f"expected a jaxpr (from jax.make_jaxpr), got {type(jaxpr).__name__}"
+        )
+    return [eqn for eqn in inner.eqns if _is_custom_root_eqn(eqn)]
 
 
 def uses_custom_root(jaxpr: Any) -> bool:

@@ -32,6 +32,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 from jax.scipy.sparse.linalg import cg, gmres
@@ -87,6 +88,20 @@ def _tree_norm(tree: PyTree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.abs(leaf) ** 2) for leaf in leaves))
 
 
+def _is_array_tol(tol: object) -> bool:
+    """A 0-d floating JAX/NumPy array (a traced tolerance is fine)."""
+    return (
+        isinstance(tol, (jax.Array, np.ndarray, np.floating))
+        and jnp.ndim(tol) == 0
+        and jnp.issubdtype(jnp.result_type(tol), jnp.floating)
+    )
+
+
+def _static_zero(tol: object) -> bool:
+    """``tol`` is the Python number 0: run a fixed trip count without checks."""
+    return isinstance(tol, (int, float)) and tol == 0
+
+
 def _check_args(
     name: str,
     f: object,
@@ -113,14 +128,17 @@ def _check_args(
                 f"{name}: every leaf of x0 must be a floating-point array (the root is real-valued), "
                 f"got dtype {dtype}; pass e.g. jnp.asarray(x0, jnp.float32)"
             )
-    if (
+    if _is_array_tol(tol):
+        pass  # a 0-d float array, possibly traced: one compilation for every tol
+    elif (
         isinstance(tol, bool)
         or not isinstance(tol, (int, float))
         or not math.isfinite(tol)
         or tol < 0
     ):
         raise ValueError(
-            f"{name}: tol must be a finite Python float >= 0 (0 means: always run max_iter steps), got {tol!r}"
+            f"{name}: tol must be a finite Python float >= 0 (0 means: always run "
+            f"max_iter steps) or a 0-d float array, got {tol!r}"
         )
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
         raise ValueError(
@@ -229,7 +247,7 @@ def _iterate(
     step: Callable[[PyTree, PyTree], PyTree],
     residual: Callable[[PyTree], PyTree],
     x0: PyTree,
-    tol: float,
+    tol: float | jax.Array,
     max_iter: int,
 ) -> tuple[PyTree, SolverInfo]:
     """Apply ``x <- step(x, residual(x))`` until ``||residual(x)|| <= tol`` or ``max_iter`` steps.
@@ -238,7 +256,7 @@ def _iterate(
     ``max_iter`` steps with a static trip count (no norm per step); otherwise a
     ``while_loop`` checks the norm before every step.
     """
-    if tol == 0:
+    if _static_zero(tol):
         x = lax.fori_loop(0, max_iter, lambda _, x: step(x, residual(x)), x0)
         res = _tree_norm(residual(x))
         return x, SolverInfo(jnp.asarray(max_iter, jnp.int32), res, res <= tol)
@@ -265,7 +283,7 @@ def _custom_root_with_info(
     x0: PyTree,
     solve: Callable[[LinearMap, PyTree], tuple[PyTree, SolverInfo]],
     tangent_solve: Callable[[LinearMap, PyTree], PyTree],
-    tol: float,
+    tol: float | jax.Array,
 ) -> tuple[PyTree, SolverInfo]:
     """``lax.custom_root(..., has_aux=True)`` with :class:`SolverInfo` as the aux.
 
@@ -289,14 +307,16 @@ def fixed_point(
     x0: PyTree,
     params: PyTree,
     *,
-    tol: float = 1e-6,
+    tol: float | jax.Array = 1e-6,
     max_iter: int = 1000,
     tangent_solver: TangentSolver = "dense",
 ) -> tuple[PyTree, SolverInfo]:
     """The fixed point ``x* = f(x*, params)``, differentiable w.r.t. ``params`` implicitly.
 
     Solve: iterate ``x <- f(x, params)`` from ``x0`` in a ``while_loop`` until
-    ``||f(x) - x||_2 <= tol`` (norm over all leaves) or ``max_iter`` steps.
+    ``||f(x) - x||_2 <= tol`` (norm over all leaves) or ``max_iter`` steps. ``tol`` is
+    a Python float, or a 0-d float array (then it may be traced: one ``jit``
+    compilation serves every tolerance).
     Derivative (``custom_root`` on ``F(x) = f(x, params) - x``):
     ``dx* = (I - ∂f/∂x)^{-1} ∂f/∂params · dparams``, one linear solve with
     ``tangent_solver`` ("dense", "gmres", "cg" or ``(g, y) -> x`` with ``g(x) = y``).
@@ -323,7 +343,7 @@ def newton_root(
     x0: PyTree,
     params: PyTree,
     *,
-    tol: float = 1e-6,
+    tol: float | jax.Array = 1e-6,
     max_iter: int = 50,
     tangent_solver: TangentSolver = "dense",
 ) -> tuple[PyTree, SolverInfo]:
@@ -361,7 +381,7 @@ def anderson_fixed_point(
     x0: PyTree,
     params: PyTree,
     *,
-    tol: float = 1e-6,
+    tol: float | jax.Array = 1e-6,
     max_iter: int = 1000,
     memory: int = 5,
     regularization: float = 1e-10,
@@ -444,7 +464,7 @@ def unrolled_fixed_point(
     x0: PyTree,
     params: PyTree,
     *,
-    tol: float = 1e-6,
+    tol: float | jax.Array = 1e-6,
     max_iter: int = 1000,
     tangent_solver: None = None,
 ) -> tuple[PyTree, SolverInfo]:
@@ -469,7 +489,7 @@ def unrolled_fixed_point(
     def residual(x: PyTree) -> jax.Array:
         return _tree_norm(jax.tree_util.tree_map(lambda a, b: a - b, f(x, params), x))
 
-    if tol == 0:
+    if _static_zero(tol):
         x, _ = lax.scan(lambda x, _: (f(x, params), None), x0, None, length=max_iter)
         res = lax.stop_gradient(residual(x))
         return x, SolverInfo(jnp.asarray(max_iter, jnp.int32), res, res <= tol)
