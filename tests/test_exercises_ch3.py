@@ -51,6 +51,11 @@ def _fp_scan(theta):
     return lax.scan(step, jnp.zeros_like(theta), length=200)[0]
 
 
+def _fp_while_loop(theta):
+    body = lambda c: (0.5 * jnp.cos(c[0]) + theta, c[1] + 1)
+    return lax.while_loop(lambda c: c[1] < 100, body, (jnp.zeros_like(theta), 0))[0]
+
+
 def _fp_python_loop(theta):
     x = jnp.zeros_like(theta)
     for _ in range(60):
@@ -73,6 +78,7 @@ def test_fixed_point_right_answers(answer):
     [
         (_fp_scan, "its jaxpr has scan but no custom_root"),
         (_fp_python_loop, "your function does not call lax.custom_root"),
+        (_fp_while_loop, "jax.grad of your function raised ValueError: Reverse-mode"),
         (lambda t: _fp_root(t, tol=3e-3), "x* differs from the reference at index"),
         (
             lambda t: _fp_root(t, cos_scale=0.49),
@@ -87,7 +93,15 @@ def test_fixed_point_right_answers(answer):
             "dx*/dθ differs from the reference at index",
         ),
     ],
-    ids=["scan", "python-loop", "loose-tol", "wrong-equation", "stop-gradient", "sign"],
+    ids=[
+        "scan",
+        "python-loop",
+        "while-loop",
+        "loose-tol",
+        "wrong-equation",
+        "stop-gradient",
+        "sign",
+    ],
 )
 def test_fixed_point_near_misses(answer, quote):
     fb = ch3.check_fixed_point_grad(answer)
