@@ -355,6 +355,7 @@ def test_mismatched_structure_raises_type_error_naming_both(x64):
         ({"tol": -1.0}, ValueError, "tol must be"),
         ({"tol": float("nan")}, ValueError, "tol must be"),
         ({"tol": "1e-6"}, ValueError, "tol must be"),
+        ({"tol": jnp.ones(2)}, ValueError, "or a 0-d float array"),
         ({"max_iter": 0}, ValueError, "max_iter must be"),
         ({"max_iter": 10.0}, ValueError, "max_iter must be"),
         ({"f": "cos"}, TypeError, "f must be a function"),
@@ -676,6 +677,18 @@ def test_custom_root_with_aux_both_branches(monkeypatch, probe):
 
 
 # ------------------------------------------------------------------ figures (measurements)
+
+
+def test_traced_tolerance_matches_python_float(deq):
+    z0 = jnp.zeros(8)
+    solve = jax.jit(lambda tol: im.fixed_point(im.deq_layer, z0, deq, tol=tol)[1])
+    for tol in (1e-3, 1e-9):
+        traced, static = (
+            solve(jnp.float64(tol)),
+            im.fixed_point(im.deq_layer, z0, deq, tol=tol)[1],
+        )
+        assert int(traced.iterations) == int(static.iterations)
+        assert bool(traced.converged) and float(traced.residual) <= tol
 
 
 def test_tolerance_report_error_shrinks_with_tol():
