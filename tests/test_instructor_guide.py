@@ -23,6 +23,7 @@ from beyondgrad import compat, implicit, linear, sharding, tracers
 from beyondgrad import laplacian as L
 from beyondgrad.exercises import ch1 as ex1
 from beyondgrad.exercises import ch2 as ex2
+from beyondgrad.exercises import ch3 as ch3_checks
 from beyondgrad.exercises import ch4
 from tools import book
 
@@ -62,7 +63,7 @@ def _five_iterations(theta):
 
 
 def _loose_tolerance_grad(b):
-    params = implicit.exercise3_params()
+    params = ch3_checks.exercise3_params()
 
     def total(bb):
         p = {**params, "b": bb}
@@ -74,7 +75,22 @@ def _loose_tolerance_grad(b):
 
 def _loose_tolerance_check(strict: bool = False):
     with jax.enable_x64(True):
-        return implicit.check_tolerance_fix(_loose_tolerance_grad, strict=strict)
+        return ch3_checks.check_tolerance_fix(_loose_tolerance_grad, strict=strict)
+
+
+def _scan_fixed_point(theta):
+    step = lambda x, _: (0.5 * jnp.cos(x) + theta, None)  # noqa: E731
+    return lax.scan(step, jnp.zeros_like(theta), length=200)[0]
+
+
+def _negative_sqrtm(a):
+    f = lambda x, a: x @ x - a  # noqa: E731
+    return implicit.newton_root(f, -jnp.eye(a.shape[0], dtype=a.dtype), a, tol=1e-12)[0]
+
+
+def _eigh_sqrtm(a):
+    w, q = jnp.linalg.eigh(a)
+    return (q * jnp.sqrt(w)) @ q.T
 
 
 def _ch4_mse(w, X, y):
@@ -194,14 +210,22 @@ MISTAKES = [
             "jacfwd runs 650 JVPs, jacrev 128 VJPs (jacfwd needs 5x more passes)"),
     Mistake("ch2-strategy-string", lambda: ex2.check_jacobian_strategy("jacrev"),
             "answer with a dict {case: 'jacfwd' or 'jacrev'} for the cases"),
-    Mistake("ch3-while-loop", lambda: implicit.check_fixed_point_grad(_while_loop_solve),
+    Mistake("ch3-while-loop", lambda: ch3_checks.check_fixed_point_grad(_while_loop_solve),
             "jax.grad of your function raised ValueError: Reverse-mode differentiation does not work for "
             "lax.while_loop or lax.fori_loop with dynamic start/stop values"),
-    Mistake("ch3-five-iterations", lambda: implicit.check_fixed_point_grad(_five_iterations),
-            "x* differs from the reference at index ("),
-    Mistake("ch3-scipy-sqrtm", lambda: implicit.check_sqrtm(jax.scipy.linalg.sqrtm),
+    Mistake("ch3-scan", lambda: ch3_checks.check_fixed_point_grad(_scan_fixed_point),
+            "your function does not call lax.custom_root; its jaxpr has scan but no custom_root"),
+    Mistake("ch3-value-not-function",
+            lambda: ch3_checks.check_fixed_point_grad(_five_iterations(jnp.asarray(0.3))),
+            "my_fixed_point should be a function, but you passed a value (ArrayImpl of shape ()); "
+            "pass the function itself, without calling it"),
+    Mistake("ch3-scipy-sqrtm", lambda: ch3_checks.check_sqrtm(jax.scipy.linalg.sqrtm),
             "jax.jvp of your function raised NotImplementedError: Differentiation rule for 'schur' not implemented"),
-    Mistake("ch3-loose-tolerance", _loose_tolerance_check, "answer differs from the reference at index ("),
+    Mistake("ch3-eigh", lambda: ch3_checks.check_sqrtm(_eigh_sqrtm), "its jaxpr has eigh but no custom_root"),
+    Mistake("ch3-negative-root", lambda: ch3_checks.check_sqrtm(_negative_sqrtm),
+            "you found -X, the negative square root"),
+    Mistake("ch3-loose-tolerance", _loose_tolerance_check,
+            "gradient at b = 1 × b0 differs from the reference at index ("),
     Mistake("ch4-list", lambda: ch4.check_predict_vma([1, 2]),
             "answers must be a dict {expression: set of axes}, got list"),
     Mistake("ch4-all-invariant", lambda: ch4.check_predict_vma({e: set() for e in ch4.VMA_EXPRESSIONS}),
@@ -316,6 +340,16 @@ def test_every_exercise_function_the_guide_names_is_defined_in_a_chapter():
     chapters = "\n".join(p.read_text() for p in book.chapter_sources())
     missing = [name for name in named if not re.search(rf"^def {name}\(", chapters, re.MULTILINE)]
     assert not missing, f"the guide names exercise functions that no chapter defines: {missing}"
+
+
+def test_chapter3_checkers_the_guide_names_exist_and_the_chapter_calls_them():
+    section = GUIDE.read_text().split("### Chapter 3")[1].split("### Chapter 4")[0]
+    named = sorted(set(re.findall(r"`ch3\.(check_\w+)`", section)))
+    assert len(named) == 3, named
+    chapter = (book.CHAPTERS / "03_implicit_diff.md").read_text()
+    for func in named:
+        assert callable(getattr(ch3_checks, func, None)), f"exercises.ch3 has no {func}"
+        assert re.search(rf"\bchecks\.{func}\(", chapter), f"chapter 3 does not call {func}"
 
 
 def test_guide_covers_every_chapter_and_both_formats():

@@ -30,11 +30,16 @@ __all__ = [
     "AxisNames",
     "backends_initialized",
     "concrete_value",
+    "custom_root_eqns",
+    "custom_root_integer_aux_ok",
+    "custom_root_with_aux",
     "is_tracer",
     "jax_version",
     "jit_cache_size",
     "make_mesh",
     "pcast_varying",
+    "primitive_names",
+    "uses_custom_root",
     "varying_axes",
     "varying_axes_of_aval",
 ]
@@ -192,6 +197,158 @@ def set_direct_linearize(enabled: bool) -> bool:
 
 
 # ----------------------------------------------------------------------------- Chapter 3
+# Chapter 3 reads two things that differ across the range (both tested on 0.8.2 and
+# the newest, fallbacks with fakes):
+#
+# * how ``lax.custom_root`` appears in a jaxpr: a ``custom_jvp_call`` of the function
+#   ``_custom_root`` up to 0.8.x, a ``call_hi_primitive`` carrying a ``CustomRoot``
+#   (a ``hijax.HiPrim``) on 0.12;
+# * whether ``custom_root(..., has_aux=True)`` accepts an integer or bool aux under
+#   differentiation: 0.8.2 gives it an integer tangent instead of ``float0`` and fails
+#   with ``TypeError``; 0.12 accepts it. Detected by a feature probe (abstract
+#   evaluation only), not a version number: the first fixed release is not pinned here.
+
+
+def _is_custom_root_eqn(eqn: Any) -> bool:
+    """True if one jaxpr equation is a ``lax.custom_root`` call (either recording)."""
+    prim = eqn.params.get("_prim") if hasattr(eqn.params, "get") else None
+    if prim is not None and type(prim).__name__ == "CustomRoot":  # 0.12: a HiPrim
+        return True
+    call = eqn.params.get("call_jaxpr") if hasattr(eqn.params, "get") else None
+    if eqn.primitive.name == "custom_jvp_call" and call is not None:  # 0.8.x
+        inner = getattr(call, "jaxpr", call)
+        debug = getattr(inner, "debug_info", None)
+        return getattr(debug, "func_name", None) == "_custom_root"
+    return False
+
+
+def _sub_jaxprs(value: Any) -> list[Any]:
+    if hasattr(value, "eqns"):
+        return [value]
+    if hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
+        return [value.jaxpr]
+    if isinstance(value, (tuple, list)):
+        return [j for v in value for j in _sub_jaxprs(v)]
+    return []
+
+
+def primitive_names(jaxpr: Any) -> list[str]:
+    """Every equation's primitive name in ``jaxpr`` and its sub-jaxprs, in order.
+
+    A ``lax.custom_root`` call is listed as ``"custom_root"`` whatever this JAX records
+    it as (see above); its internals (the solver's loop) are not listed.
+    """
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    if not hasattr(inner, "eqns"):
+        raise TypeError(
+            f"expected a jaxpr (from jax.make_jaxpr), got {type(jaxpr).__name__}"
+        )
+    names: list[str] = []
+    for eqn in inner.eqns:
+        if _is_custom_root_eqn(eqn):
+            names.append("custom_root")
+            continue
+        names.append(eqn.primitive.name)
+        for value in eqn.params.values():
+            for sub in _sub_jaxprs(value):
+                names.extend(primitive_names(sub))
+    return names
+
+
+def custom_root_eqns(jaxpr: Any) -> list[Any]:
+    """The equations of ``jaxpr``'s top level that are ``lax.custom_root`` calls.
+
+    Their ``invars`` are the operands ``custom_root`` was given after closure
+    conversion: the initial guess and every value ``f``, ``solve`` and
+    ``tangent_solve`` close over (their order differs between JAX versions).
+    """
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    if not hasattr(inner, "eqns"):
+        raise TypeError(
+            f"expected a jaxpr (from jax.make_jaxpr), got {type(jaxpr).__name__}"
+        )
+    return [eqn for eqn in inner.eqns if _is_custom_root_eqn(eqn)]
+
+
+def uses_custom_root(jaxpr: Any) -> bool:
+    """True if ``jaxpr`` (or a jaxpr nested in it) calls ``lax.custom_root``."""
+    return "custom_root" in primitive_names(jaxpr)
+
+
+_INT_AUX_PROBE: list[bool] = []
+
+
+def custom_root_integer_aux_ok() -> bool:
+    """True if this JAX differentiates ``custom_root`` with an integer ``has_aux`` output.
+
+    Probed once by abstract evaluation (``jax.eval_shape`` of a ``jvp``; nothing runs on
+    a device): False on 0.8.2, True on 0.12.
+    """
+    if not _INT_AUX_PROBE:
+        import jax.numpy as jnp
+
+        def root(x: Any) -> Any:
+            def solve(f: Any, x0: Any) -> Any:
+                return x0, jnp.zeros((), jnp.int32)
+
+            return lax.custom_root(
+                lambda y: y - x, x, solve, lambda g, y: y, has_aux=True
+            )
+
+        spec = jax.ShapeDtypeStruct((), jnp.float32)
+        try:
+            jax.eval_shape(lambda x: jax.jvp(root, (x,), (x,)), spec)
+            _INT_AUX_PROBE.append(True)
+        except TypeError:
+            _INT_AUX_PROBE.append(False)
+    return _INT_AUX_PROBE[0]
+
+
+def custom_root_with_aux(
+    f: Any, initial_guess: Any, solve: Any, tangent_solve: Any
+) -> tuple[Any, Any]:
+    """``lax.custom_root(f, initial_guess, solve, tangent_solve, has_aux=True)``, any aux.
+
+    Where this JAX rejects integer/bool aux leaves under differentiation
+    (:func:`custom_root_integer_aux_ok` is False), they cross ``custom_root`` as floats
+    of the initial guess's dtype and are cast back after; integers up to ``2**24``
+    survive float32 exactly. The aux carries no derivative either way
+    (``stop_gradient``).
+    """
+    import jax.numpy as jnp
+
+    if custom_root_integer_aux_ok():
+        root, aux = lax.custom_root(
+            f, initial_guess, solve, tangent_solve, has_aux=True
+        )
+        return root, jax.tree_util.tree_map(lax.stop_gradient, aux)
+    return _custom_root_float_aux(f, initial_guess, solve, tangent_solve, jnp)
+
+
+def _custom_root_float_aux(
+    f: Any, initial_guess: Any, solve: Any, tangent_solve: Any, jnp: Any
+) -> tuple[Any, Any]:
+    dtype = jnp.result_type(*jax.tree_util.tree_leaves(initial_guess))
+    dtypes: list[Any] = []
+
+    def solve_float(g: Any, x: Any) -> tuple[Any, Any]:
+        root, aux = solve(g, x)
+        leaves, treedef = jax.tree_util.tree_flatten(aux)
+        dtypes[:] = [treedef, *(jnp.result_type(a) for a in leaves)]
+        as_float = [
+            a
+            if jnp.issubdtype(jnp.result_type(a), jnp.inexact)
+            else jnp.asarray(a, dtype)
+            for a in leaves
+        ]
+        return root, as_float
+
+    root, aux = lax.custom_root(
+        f, initial_guess, solve_float, tangent_solve, has_aux=True
+    )
+    treedef, *kinds = dtypes
+    leaves = [lax.stop_gradient(a).astype(k) for a, k in zip(aux, kinds)]
+    return root, jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 # ----------------------------------------------------------------------------- Chapter 4

@@ -1,0 +1,256 @@
+"""Checkers for the exercises of Chapter 3 (implicit differentiation).
+
+* 3.1 :func:`check_fixed_point_grad`: ``x* = ½ cos x* + θ`` through ``lax.custom_root``
+  (the jaxpr is checked for ``custom_root``); value and ``jax.grad`` to ``1e-5``.
+* 3.2 :func:`check_sqrtm`: the principal matrix square root through ``custom_root``
+  (directly or via ``implicit.newton_root``); value and ``jax.jvp`` to ``1e-6``.
+* 3.3 :func:`check_tolerance_fix`: a DEQ gradient right to ``1e-7`` (any method).
+
+All comparisons run in float64 (inside ``jax.enable_x64``). Method checks read the
+jaxpr through :func:`beyondgrad.compat.uses_custom_root`, which knows how each JAX
+version records ``custom_root``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from beyondgrad import compat
+from beyondgrad.exercises import (
+    Feedback,
+    call_answer,
+    failed,
+    is_stub,
+    require_callable,
+    tree_mismatches,
+    verdict,
+)
+from beyondgrad.implicit import deq_layer, deq_params, fixed_point
+
+__all__ = [
+    "FIXED_POINT_TOL",
+    "SQRTM_TOL",
+    "TOLERANCE_FIX_RTOL",
+    "check_fixed_point_grad",
+    "check_sqrtm",
+    "check_tolerance_fix",
+    "exercise3_params",
+]
+
+#: Exercise 3.1: value and gradient must agree to this (absolute + relative, float64).
+#: A solver stopped at ``|F(x)| <= 1e-6`` is off by at most ``2e-6`` here.
+FIXED_POINT_TOL = 1e-5
+#: Exercise 3.2: X and dX must agree to this (absolute + relative, float64).
+SQRTM_TOL = 1e-6
+#: Exercise 3.3: the gradient must agree to this (relative, float64).
+TOLERANCE_FIX_RTOL = 1e-7
+
+_EX1 = "Exercise 3.1 (fixed-point gradient)"
+_EX2 = "Exercise 3.2 (matrix square root)"
+_EX3 = "Exercise 3.3 (diagnose a wrong gradient)"
+
+
+def _method_problem(fn: Callable, arg: jax.Array, exercise: str) -> str | None:
+    """A message if ``fn``'s jaxpr at ``arg`` does not call ``lax.custom_root``."""
+    jaxpr = call_answer(jax.make_jaxpr(fn), arg, what="tracing your function")
+    if failed(jaxpr):
+        return failed(jaxpr)
+    if compat.uses_custom_root(jaxpr):
+        return None
+    names = sorted(set(compat.primitive_names(jaxpr)))
+    loops = [n for n in names if n in ("scan", "while", "eigh")]
+    seen = f"; its jaxpr has {', '.join(loops)} but no custom_root" if loops else ""
+    return (
+        f"your function does not call lax.custom_root{seen}. {exercise} asks for the "
+        "implicit derivative: put your loop inside the `solve` argument of "
+        "lax.custom_root (or implicit.newton_root), so that JAX differentiates the "
+        "equation, not the iterations"
+    )
+
+
+def _exercise1_reference(theta: jax.Array) -> jax.Array:
+    """x* = 0.5 cos(x*) + theta to float64 precision (200 contraction steps, ≤ ½)."""
+    x, _ = fixed_point(
+        lambda x, t: 0.5 * jnp.cos(x) + t,
+        jnp.zeros_like(theta),
+        theta,
+        tol=0.0,
+        max_iter=200,
+    )
+    return x
+
+
+def check_fixed_point_grad(
+    fn: Callable[[jax.Array], jax.Array], *, strict: bool = False
+) -> Feedback:
+    """Exercise 3.1: ``fn(theta)`` returns ``x*`` with ``x* = ½ cos(x*) + theta``.
+
+    Checks, in float64, at θ ∈ {-1, 0, 0.3, 2}: the value under ``vmap``; that
+    ``jax.grad`` runs; that ``fn`` calls ``lax.custom_root`` (its jaxpr); ``jax.grad``
+    against the closed form ``dx*/dθ = 1 / (1 + ½ sin x*)``; and ``jit``. Values and gradients must agree to
+    :data:`FIXED_POINT_TOL` (absolute + relative).
+    """
+    tol = FIXED_POINT_TOL
+    not_a_function = require_callable(fn, "my_fixed_point")
+    if not_a_function:
+        return verdict(_EX1, [not_a_function], strict=strict)
+    with jax.enable_x64(True):
+        thetas = jnp.array([-1.0, 0.0, 0.3, 2.0], jnp.float64)
+        got = call_answer(jax.vmap(fn), thetas, what="your function (under vmap)")
+        if is_stub(got):
+            return verdict(_EX1, [], attempted=False, strict=strict)
+        if failed(got):
+            return verdict(_EX1, [failed(got)], strict=strict)
+        want = _exercise1_reference(thetas)
+        problems = tree_mismatches(got, want, rtol=tol, atol=tol, name="x*")
+        if problems:
+            return verdict(_EX1, problems, strict=strict)
+        grads = call_answer(
+            jax.vmap(jax.grad(fn)), thetas, what="jax.grad of your function"
+        )
+        if failed(grads):
+            return verdict(_EX1, [failed(grads)], strict=strict)
+        # right numbers from an unrolled loop are not the exercise: read the jaxpr
+        method = _method_problem(fn, thetas[2], _EX1)
+        if method:
+            return verdict(_EX1, [method], strict=strict)
+        slope = 1.0 / (1.0 + 0.5 * jnp.sin(want))
+        problems = tree_mismatches(grads, slope, rtol=tol, atol=tol, name="dx*/dθ")
+        jitted = call_answer(jax.jit(fn), thetas[2], what="your function under jit")
+        if failed(jitted):
+            problems.append(failed(jitted))
+        success = (
+            f"calls custom_root; value and jax.grad match the closed form to {tol:g} "
+            "under vmap, and jit works"
+        )
+        return verdict(_EX1, problems, success=success, strict=strict)
+
+
+def _sqrtm_reference(
+    a: jax.Array,
+) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
+    """Principal square root of SPD ``a`` and its derivative map ``dA -> dX``.
+
+    With ``a = Q diag(s^2) Q^T`` and ``X = Q diag(s) Q^T``, differentiating ``X X = A``
+    gives ``X dX + dX X = dA``, i.e. ``(Q^T dX Q)_ij = (Q^T dA Q)_ij / (s_i + s_j)``.
+    """
+    evals, q = jnp.linalg.eigh(a)
+    s = jnp.sqrt(evals)
+    x = (q * s) @ q.T
+
+    def deriv(da: jax.Array) -> jax.Array:
+        return q @ ((q.T @ da @ q) / (s[:, None] + s[None, :])) @ q.T
+
+    return x, deriv
+
+
+def check_sqrtm(
+    fn: Callable[[jax.Array], jax.Array], *, strict: bool = False
+) -> Feedback:
+    """Exercise 3.2: ``fn(A)`` returns the principal ``X`` with ``X @ X = A`` (SPD ``A``).
+
+    Checks, in float64 on a 3×3 SPD matrix: that ``fn`` calls ``lax.custom_root``
+    (directly or through ``implicit.newton_root``: an eigendecomposition is not the
+    exercise); then ``jax.jvp`` along a symmetric direction, the value against an
+    eigendecomposition and the tangent against ``X dX + dX X = dA``, to
+    :data:`SQRTM_TOL`. A negative square root (``-X``) gets its own message.
+    """
+    tol = SQRTM_TOL
+    not_a_function = require_callable(fn, "sqrtm")
+    if not_a_function:
+        return verdict(_EX2, [not_a_function], strict=strict)
+    with jax.enable_x64(True):
+        m = jnp.array([[2.0, 0.3, 0.0], [0.1, 1.5, 0.2], [0.0, 0.4, 1.0]], jnp.float64)
+        a = m @ m.T + 0.5 * jnp.eye(3, dtype=jnp.float64)
+        da = jnp.array(
+            [[1.0, 0.5, -0.2], [0.5, 0.0, 0.3], [-0.2, 0.3, -1.0]], jnp.float64
+        )
+        x_ref, deriv = _sqrtm_reference(a)
+        out = call_answer(
+            lambda: jax.jvp(fn, (a,), (da,)), what="jax.jvp of your function"
+        )
+        if is_stub(out):
+            return verdict(_EX2, [], attempted=False, strict=strict)
+        if failed(out):
+            return verdict(_EX2, [failed(out)], strict=strict)
+        method = _method_problem(fn, a, _EX2)
+        if method:
+            return verdict(_EX2, [method], strict=strict)
+        x, dx = out
+        if np.shape(x) == (3, 3) and np.allclose(
+            np.asarray(x), -np.asarray(x_ref), rtol=tol
+        ):
+            return verdict(
+                _EX2,
+                [
+                    "you found -X, the negative square root: the principal root has "
+                    "positive eigenvalues; start Newton from the identity"
+                ],
+                strict=strict,
+            )
+        problems = tree_mismatches(x, x_ref, rtol=tol, atol=tol, name="X")
+        problems += tree_mismatches(dx, deriv(da), rtol=tol, atol=tol, name="dX")
+        success = (
+            f"calls custom_root; X @ X = A and dX solves X dX + dX X = dA, to {tol:g}"
+        )
+        return verdict(_EX2, problems, success=success, strict=strict)
+
+
+def exercise3_params() -> dict[str, jax.Array]:
+    """The DEQ parameters of Exercise 3.3 (float64, d=8; contraction factor 0.95)."""
+    with jax.enable_x64(True):
+        return deq_params(
+            jax.random.PRNGKey(3), d=8, d_in=3, radius=0.95, dtype=jnp.float64
+        )
+
+
+def check_tolerance_fix(
+    fn: Callable[[jax.Array], jax.Array], *, strict: bool = False
+) -> Feedback:
+    """Exercise 3.3: ``fn(b)`` returns ``∂(Σ z*)/∂b`` for the DEQ of :func:`exercise3_params`.
+
+    Compared with the closed form ``D (I - W^T D)^{-1} 1`` (``D = diag(1 - z*²)``) at
+    two values of ``b``, to :data:`TOLERANCE_FIX_RTOL` relative (float64). Any method
+    is accepted.
+    """
+    rtol = TOLERANCE_FIX_RTOL
+    with jax.enable_x64(True):
+        params = exercise3_params()
+
+        @jax.jit
+        def reference(b: jax.Array) -> jax.Array:
+            p = {**params, "b": b}
+            z, _ = fixed_point(
+                deq_layer, jnp.zeros_like(b), p, tol=1e-14, max_iter=10_000
+            )
+            dz = 1.0 - z**2
+            a = jnp.eye(b.shape[0], dtype=b.dtype) - dz[:, None] * p["W"]
+            return dz * jnp.linalg.solve(a.T, jnp.ones_like(b))
+
+        not_a_function = require_callable(fn, "fixed_grad")
+        if not_a_function:
+            return verdict(_EX3, [not_a_function], strict=strict)
+        problems: list[str] = []
+        for scale in (1.0, -2.0):
+            b = scale * params["b"]
+            got = call_answer(fn, b, what="your gradient function")
+            if is_stub(got):
+                return verdict(_EX3, [], attempted=False, strict=strict)
+            if failed(got):
+                return verdict(_EX3, [failed(got)], strict=strict)
+            problems = tree_mismatches(
+                got,
+                reference(b),
+                rtol=rtol,
+                atol=1e-12,
+                name=f"gradient at b = {scale:g} × b0",
+                allow_python_scalars=False,
+            )
+            if problems:
+                break
+        success = f"the gradient matches the exact one to {rtol:g} (relative)"
+        return verdict(_EX3, problems, success=success, strict=strict)

@@ -1,0 +1,296 @@
+"""Checkers of Chapter 3: right answers pass, near misses and bad input get their message.
+
+The right answers here are written independently of the chapter's solution cells (a
+different solver, or the helpers), and the references inside the checkers are closed
+forms, so no checker is tested against its own answer key.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+from beyondgrad import implicit
+from beyondgrad.exercises import NOT_ATTEMPTED, ExerciseFailed, ch3
+
+
+def _stub(*args):
+    raise NotImplementedError
+
+
+def _failing(*args):
+    raise ValueError("boom in the student's code")
+
+
+# ---------------------------------------------------------------------------- 3.1
+
+
+def _fp_root(theta, tol=1e-6, cos_scale=0.5, stop=False, sign=1.0):
+    """custom_root for x = cos_scale cos x + theta; knobs make near misses."""
+    F = lambda x: cos_scale * jnp.cos(x) + theta - x
+
+    def solve(F, x0):
+        keep_going = lambda s: (jnp.abs(F(s[0])) > tol) & (s[1] < 500)
+        return lax.while_loop(
+            keep_going, lambda s: (s[0] + F(s[0]), s[1] + 1), (x0, 0)
+        )[0]
+
+    x = lax.custom_root(F, jnp.zeros_like(theta), solve, lambda g, y: sign * y / g(1.0))
+    return lax.stop_gradient(x) if stop else x
+
+
+def _fp_helper(theta):  # the helper, Newton instead of plain iteration
+    F = lambda x, t: 0.5 * jnp.cos(x) + t - x
+    return implicit.newton_root(F, jnp.zeros_like(theta), theta, tol=1e-10)[0]
+
+
+def _fp_scan(theta):
+    step = lambda x, _: (0.5 * jnp.cos(x) + theta, None)
+    return lax.scan(step, jnp.zeros_like(theta), length=200)[0]
+
+
+def _fp_while_loop(theta):
+    body = lambda c: (0.5 * jnp.cos(c[0]) + theta, c[1] + 1)
+    return lax.while_loop(lambda c: c[1] < 100, body, (jnp.zeros_like(theta), 0))[0]
+
+
+def _fp_python_loop(theta):
+    x = jnp.zeros_like(theta)
+    for _ in range(60):
+        x = 0.5 * jnp.cos(x) + theta
+    return x
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [_fp_root, lambda t: _fp_root(t, tol=1e-12), _fp_helper],
+    ids=["chapter-tol-1e-6", "tol-1e-12", "newton_root"],
+)
+def test_fixed_point_right_answers(answer):
+    fb = ch3.check_fixed_point_grad(answer, strict=True)
+    assert fb.passed and "calls custom_root" in str(fb)
+
+
+@pytest.mark.parametrize(
+    "answer, quote",
+    [
+        (_fp_scan, "its jaxpr has scan but no custom_root"),
+        (_fp_python_loop, "your function does not call lax.custom_root"),
+        (_fp_while_loop, "jax.grad of your function raised ValueError: Reverse-mode"),
+        (lambda t: _fp_root(t, tol=3e-3), "x* differs from the reference at index"),
+        (
+            lambda t: _fp_root(t, cos_scale=0.49),
+            "x* differs from the reference at index",
+        ),
+        (
+            lambda t: _fp_root(t, stop=True),
+            "dx*/dθ differs from the reference at index",
+        ),
+        (
+            lambda t: _fp_root(t, sign=-1.0),
+            "dx*/dθ differs from the reference at index",
+        ),
+    ],
+    ids=[
+        "scan",
+        "python-loop",
+        "while-loop",
+        "loose-tol",
+        "wrong-equation",
+        "stop-gradient",
+        "sign",
+    ],
+)
+def test_fixed_point_near_misses(answer, quote):
+    fb = ch3.check_fixed_point_grad(answer)
+    assert not fb.passed and fb.attempted
+    assert quote in str(fb), str(fb)
+    with pytest.raises(ExerciseFailed):
+        ch3.check_fixed_point_grad(answer, strict=True)
+
+
+@pytest.mark.parametrize(
+    "answer, quote",
+    [
+        (_fp_root(jnp.asarray(0.3)), "you passed a value (ArrayImpl of shape ())"),
+        (0.3, "you passed a value (float)"),
+        (lambda t: _fp_root(t) * jnp.nan, "nan/inf does not match"),
+        (lambda t: jnp.stack([_fp_root(t)] * 2), "has shape (4, 2), expected (4,)"),
+        (lambda t: _fp_root(t).astype(jnp.int32), "expected a floating dtype"),
+        (lambda t: float(_fp_root(t)), "raised ConcretizationTypeError"),
+        (_failing, "raised ValueError: boom in the student's code"),
+    ],
+    ids=[
+        "value-not-function",
+        "python-float",
+        "nan",
+        "shape",
+        "dtype",
+        "python-scalar",
+        "exception",
+    ],
+)
+def test_fixed_point_bad_input(answer, quote):
+    fb = ch3.check_fixed_point_grad(answer)
+    assert not fb.passed
+    assert quote in str(fb), str(fb)
+
+
+def test_fixed_point_stub_is_not_attempted():
+    fb = ch3.check_fixed_point_grad(_stub)
+    assert (
+        not fb.attempted
+        and str(fb) == f"… Exercise 3.1 (fixed-point gradient): {NOT_ATTEMPTED}"
+    )
+    with pytest.raises(ExerciseFailed):
+        ch3.check_fixed_point_grad(_stub, strict=True)
+
+
+# ---------------------------------------------------------------------------- 3.2
+
+
+def _sqrtm(A, start=1.0, tol=1e-12):
+    F = lambda X, A: X @ X - A
+    return implicit.newton_root(
+        F, start * jnp.eye(A.shape[0], dtype=A.dtype), A, tol=tol
+    )[0]
+
+
+def _sqrtm_direct(
+    A,
+):  # custom_root by hand: Denman–Beavers iteration, dense tangent solve
+    F = lambda X: X @ X - A
+
+    def solve(F, X0):
+        def step(_, carry):
+            Y, Z = carry
+            return 0.5 * (Y + jnp.linalg.inv(Z)), 0.5 * (Z + jnp.linalg.inv(Y))
+
+        return lax.fori_loop(0, 30, step, (A, jnp.eye(A.shape[0], dtype=A.dtype)))[0]
+
+    return lax.custom_root(F, A, solve, implicit.dense_tangent_solve)
+
+
+def _sqrtm_eigh(A):
+    w, q = jnp.linalg.eigh(A)
+    return (q * jnp.sqrt(w)) @ q.T
+
+
+@pytest.mark.parametrize(
+    "answer", [_sqrtm, _sqrtm_direct], ids=["newton_root", "custom_root"]
+)
+def test_sqrtm_right_answers(answer):
+    assert ch3.check_sqrtm(answer, strict=True).passed
+
+
+@pytest.mark.parametrize(
+    "answer, quote",
+    [
+        (_sqrtm_eigh, "its jaxpr has eigh but no custom_root"),
+        (jax.scipy.linalg.sqrtm, "Differentiation rule for 'schur' not implemented"),
+        (lambda A: _sqrtm(A, start=-1.0), "you found -X, the negative square root"),
+        (lambda A: _sqrtm(A, tol=1e-1), "X differs from the reference at index"),
+        (
+            lambda A: _sqrtm(A) + 0.1 * (A - lax.stop_gradient(A)),
+            "dX differs from the reference at index",
+        ),
+    ],
+    ids=["eigh", "scipy-sqrtm", "negative-root", "loose-newton", "wrong-tangent"],
+)
+def test_sqrtm_near_misses(answer, quote):
+    fb = ch3.check_sqrtm(answer)
+    assert not fb.passed and fb.attempted
+    assert quote in str(fb), str(fb)
+
+
+@pytest.mark.parametrize(
+    "answer, quote",
+    [
+        (jnp.eye(3), "you passed a value (ArrayImpl of shape (3, 3))"),
+        (lambda A: _sqrtm(A) * jnp.nan, "nan/inf does not match"),
+        (lambda A: _sqrtm(A)[:2], "has shape (2, 3), expected (3, 3)"),
+        (_failing, "raised ValueError: boom in the student's code"),
+    ],
+    ids=["value-not-function", "nan", "shape", "exception"],
+)
+def test_sqrtm_bad_input(answer, quote):
+    fb = ch3.check_sqrtm(answer)
+    assert not fb.passed
+    assert quote in str(fb), str(fb)
+
+
+def test_sqrtm_stub_is_not_attempted():
+    assert not ch3.check_sqrtm(_stub).attempted
+
+
+# ---------------------------------------------------------------------------- 3.3
+
+
+def _grad_at(tol):
+    p = ch3.exercise3_params()
+
+    def fn(b):
+        def loss(b):
+            z, _ = implicit.fixed_point(
+                implicit.deq_layer, jnp.zeros_like(b), {**p, "b": b}, tol=tol
+            )
+            return jnp.sum(z)
+
+        return jax.grad(loss)(b)
+
+    return fn
+
+
+def _grad_closed_form(b):  # any method is accepted: the closed form itself, via Newton
+    p = {**ch3.exercise3_params(), "b": b}
+    F = lambda z, p: implicit.deq_layer(z, p) - z
+    z, _ = implicit.newton_root(F, jnp.zeros_like(b), p, tol=1e-13)
+    d = 1.0 - z**2
+    return d * jnp.linalg.solve((jnp.eye(8) - d[:, None] * p["W"]).T, jnp.ones(8))
+
+
+@pytest.mark.parametrize(
+    "answer", [_grad_at(1e-13), _grad_closed_form], ids=["tight-tol", "closed-form"]
+)
+def test_tolerance_fix_right_answers(answer):
+    with jax.enable_x64(True):
+        assert ch3.check_tolerance_fix(answer, strict=True).passed
+
+
+@pytest.mark.parametrize(
+    "tol, quote",
+    [(1e-3, "gradient at b = 1 × b0 differs"), (1e-6, "differs from the reference")],
+    ids=["the-suspicious-tol", "not-tight-enough"],
+)
+def test_tolerance_fix_near_misses(tol, quote):
+    with jax.enable_x64(True):
+        fb = ch3.check_tolerance_fix(_grad_at(tol))
+    assert not fb.passed and quote in str(fb), str(fb)
+
+
+@pytest.mark.parametrize(
+    "answer, quote",
+    [
+        (jnp.zeros(8), "you passed a value (ArrayImpl of shape (8,))"),
+        (
+            lambda b: float(_grad_closed_form(b)[0]),
+            "is a Python float, expected an array",
+        ),
+        (lambda b: _grad_closed_form(b) * jnp.nan, "nan/inf does not match"),
+        (lambda b: _grad_closed_form(b)[:4], "has shape (4,), expected (8,)"),
+        (lambda b: jnp.ones(8, jnp.int32), "expected a floating dtype"),
+        (_failing, "raised ValueError: boom in the student's code"),
+    ],
+    ids=["value-not-function", "python-scalar", "nan", "shape", "dtype", "exception"],
+)
+def test_tolerance_fix_bad_input(answer, quote):
+    with jax.enable_x64(True):
+        fb = ch3.check_tolerance_fix(answer)
+    assert not fb.passed
+    assert quote in str(fb), str(fb)
+
+
+def test_tolerance_fix_stub_is_not_attempted():
+    assert not ch3.check_tolerance_fix(_stub).attempted
