@@ -6,6 +6,7 @@
     python3 dev.py sync        # regenerate chapters/*.ipynb from their MyST sources
     python3 dev.py chapter chapters/01_tracers.md   # execute one chapter, report errors and time
     python3 dev.py page chapters/01_tracers.md      # build only that chapter as a book, with -W
+    python3 dev.py drift [--versions ...]  # probes under every JAX of tools/drift.py (drift.md)
 
 Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
 --jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX), --force (book:
@@ -122,6 +123,10 @@ def cmd_chapter(py: Path, paths: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["drift"]:  # maintainers: probes under many JAX versions, own venvs
+        from tools.drift import main as drift_main
+
+        return drift_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--venv", default=os.environ.get("BEYONDGRAD_VENV", str(ROOT / ".venv")), help="virtual environment")
     ap.add_argument("--jax", default=os.environ.get("BEYONDGRAD_JAX", "newest"), help="newest (default), floor, or X.Y.Z")
