@@ -33,13 +33,19 @@ RESULTS = ROOT / "src" / "beyondgrad" / "drift" / "results.json"
 ENVS = ROOT / ".venv-drift"
 
 #: The JAX versions of the report and the Python each runs on: THE list, kept here only.
-#: 0.6.2: pvary arrives; 0.7.1: the seed's report; 0.8.1: last with jax#33947;
-#: 0.8.2: the book's floor; 0.10.2: pvary gone, manual_axis_type; 0.12.0.1: newest.
+#: 0.5.3: before the varying types (jax#28260 "worked on 0.5.3"); 0.6.0: they arrive,
+#: with pvary; 0.7.0/0.7.1: jax.shard_map, the seed's report; 0.8.1: last with
+#: jax#33947; 0.8.2: the book's floor (pcast); 0.9.2; 0.10.2: pvary gone,
+#: manual_axis_type; 0.12.0.1: newest (needs Python 3.12).
 VERSIONS: dict[str, str] = {
+    "0.5.3": "3.11.7",
+    "0.6.0": "3.11.7",
     "0.6.2": "3.11.7",
+    "0.7.0": "3.11.7",
     "0.7.1": "3.11.7",
     "0.8.1": "3.11.7",
     "0.8.2": "3.11.7",
+    "0.9.2": "3.11.7",
     "0.10.2": "3.11.7",
     "0.12.0.1": "3.12.1",
 }
@@ -65,8 +71,10 @@ def parse_versions(spec: str | None) -> tuple[list[tuple[str, str]], list[str]]:
     for item in filter(None, (s.strip() for s in spec.split(","))):
         version, _, python = item.partition("@")
         if not re.fullmatch(r"\d+\.\d+\.\d+(\.\d+)?", version):
-            problems.append(f"unknown version {item!r}: expected a JAX release like 0.8.2 "
-                            f"(optionally @PYTHON, e.g. 0.8.2@3.11.7); known: {', '.join(VERSIONS)}")
+            problems.append(
+                f"unknown version {item!r}: expected a JAX release like 0.8.2 "
+                f"(optionally @PYTHON, e.g. 0.8.2@3.11.7); known: {', '.join(VERSIONS)}"
+            )
             continue
         if python and not re.fullmatch(r"3\.\d+\.\d+", python):
             problems.append(f"bad Python {python!r} in {item!r}: expected e.g. 3.11.7")
@@ -85,8 +93,14 @@ def _installed_jax(env: Path) -> str | None:
 
 
 def _reusable(version: str) -> Path | None:
-    dirs = [Path(d) for d in os.environ.get("BEYONDGRAD_DRIFT_REUSE", "").split(os.pathsep) if d]
-    dirs += sorted(p for p in ROOT.glob(".venv*") if p.is_dir() and p.name != ".venv-drift")
+    dirs = [
+        Path(d)
+        for d in os.environ.get("BEYONDGRAD_DRIFT_REUSE", "").split(os.pathsep)
+        if d
+    ]
+    dirs += sorted(
+        p for p in ROOT.glob(".venv*") if p.is_dir() and p.name != ".venv-drift"
+    )
     for env in dirs:
         if (env / "bin" / "python").exists() and _installed_jax(env) == version:
             return env
@@ -101,31 +115,53 @@ def ensure_env(version: str, python: str) -> tuple[Path | None, str]:
     reuse = _reusable(version)
     if reuse is not None:
         return reuse / "bin" / "python", f"{reuse} (reused read-only)"
-    have = subprocess.run(["pyenv", "versions", "--bare"], capture_output=True, text=True)
+    have = subprocess.run(
+        ["pyenv", "versions", "--bare"], capture_output=True, text=True
+    )
     if have.returncode == 0 and python not in have.stdout.split():
         return None, f"Python {python} is not installed (pyenv install {python})"
     say(f"{version}: creating {env.relative_to(ROOT)} with Python {python} ...")
     t0 = time.perf_counter()
     shutil.rmtree(env, ignore_errors=True)
     penv = {**os.environ, "PYENV_VERSION": python}
-    made = subprocess.run(["python3", "-m", "venv", str(env)], env=penv, capture_output=True, text=True)
+    made = subprocess.run(
+        ["python3", "-m", "venv", str(env)], env=penv, capture_output=True, text=True
+    )
     if made.returncode != 0:
-        return None, f"cannot create a venv with Python {python}: {made.stderr.strip()[-200:]}"
+        return (
+            None,
+            f"cannot create a venv with Python {python}: {made.stderr.strip()[-200:]}",
+        )
     py = env / "bin" / "python"
     pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    got = subprocess.run([*pip, f"jax=={version}", f"jaxlib=={version}"], capture_output=True, text=True)
+    got = subprocess.run(
+        [*pip, f"jax=={version}", f"jaxlib=={version}"], capture_output=True, text=True
+    )
     if got.returncode != 0:
         shutil.rmtree(env, ignore_errors=True)
         err = got.stderr
         if "Requires-Python" in err or "requires a different Python" in err:
-            return None, f"jax {version} does not support Python {python}; give a newer one: {version}@3.12.1"
+            return (
+                None,
+                f"jax {version} does not support Python {python}; give a newer one: {version}@3.12.1",
+            )
         if "No matching distribution" in err or "Could not find a version" in err:
             return None, f"the package index has no jax=={version} for Python {python}"
-        return None, f"pip failed for jax=={version}: {err.strip().splitlines()[-1][:200]}"
+        return (
+            None,
+            f"pip failed for jax=={version}: {err.strip().splitlines()[-1][:200]}",
+        )
     # folx is optional: the newest folx that installs without changing this JAX.
-    folx = subprocess.run([*pip, "folx", f"jax=={version}", f"jaxlib=={version}"],
-                          capture_output=True, text=True)
-    note = "" if folx.returncode == 0 else " (folx does not install: its probe is 'unavailable')"
+    folx = subprocess.run(
+        [*pip, "folx", f"jax=={version}", f"jaxlib=={version}"],
+        capture_output=True,
+        text=True,
+    )
+    note = (
+        ""
+        if folx.returncode == 0
+        else " (folx does not install: its probe is 'unavailable')"
+    )
     (env / ".drift-ready").write_text(f"jax=={version}\n")
     say(f"{version}: environment ready in {time.perf_counter() - t0:.0f} s{note}")
     return py, f"{env.relative_to(ROOT)}"
@@ -140,34 +176,57 @@ def load_results() -> dict:
 def save_results(data: dict) -> None:
     from beyondgrad.drift.probes import PROBES
 
-    data["probes"] = {p.id: {"summary": p.summary, "fast": p.fast,
-                             "chapter": {"doc": p.chapter.doc, "section": p.chapter.section}}
-                      for p in PROBES.values()}
-    data["versions"] = dict(sorted(data["versions"].items(), key=lambda kv: version_key(kv[0])))
-    data["results"] = {pid: dict(sorted(data["results"].get(pid, {}).items(),
-                                        key=lambda kv: version_key(kv[0])))
-                       for pid in PROBES if pid in data["results"]}
+    data["probes"] = {
+        p.id: {
+            "summary": p.summary,
+            "fast": p.fast,
+            "chapter": {"doc": p.chapter.doc, "section": p.chapter.section},
+        }
+        for p in PROBES.values()
+    }
+    data["versions"] = dict(
+        sorted(data["versions"].items(), key=lambda kv: version_key(kv[0]))
+    )
+    data["results"] = {
+        pid: dict(
+            sorted(
+                data["results"].get(pid, {}).items(), key=lambda kv: version_key(kv[0])
+            )
+        )
+        for pid in PROBES
+        if pid in data["results"]
+    }
     tmp = RESULTS.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     tmp.replace(RESULTS)
 
 
-def run_version(py: Path, version: str, ids: list[str], data: dict, timeout: float) -> int:
+def run_version(
+    py: Path, version: str, ids: list[str], data: dict, timeout: float
+) -> int:
     """Run ``ids`` on one version; merge outcomes into ``data`` as they arrive."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     cmd = [str(py), "-m", "beyondgrad.drift.child", "--timeout", str(timeout), *ids]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     done = 0
     for line in proc.stdout:
         rec = json.loads(line)
         if "env" in rec:
             if rec["env"]["jax"] != version:
                 proc.kill()
-                say(f"{version}: the environment {py} has jax {rec['env']['jax']}, skipped")
+                say(
+                    f"{version}: the environment {py} has jax {rec['env']['jax']}, skipped"
+                )
                 return 0
             stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             with _lock:
-                data["versions"][version] = {**rec["env"], "date": stamp, "cores": os.cpu_count()}
+                data["versions"][version] = {
+                    **rec["env"],
+                    "date": stamp,
+                    "cores": os.cpu_count(),
+                }
             continue
         with _lock:
             data["results"].setdefault(rec["id"], {})[version] = rec["outcome"]
@@ -175,18 +234,31 @@ def run_version(py: Path, version: str, ids: list[str], data: dict, timeout: flo
         done += 1
     err = proc.stderr.read()
     if proc.wait() != 0:
-        say(f"{version}: runner exited {proc.returncode}: {err.strip().splitlines()[-1:] or ''}")
+        say(
+            f"{version}: runner exited {proc.returncode}: {err.strip().splitlines()[-1:] or ''}"
+        )
     return done
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="dev.py drift", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--versions", help="comma-separated X.Y.Z[@PYTHON] (default: the VERSIONS list)")
+    ap = argparse.ArgumentParser(
+        prog="dev.py drift",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--versions", help="comma-separated X.Y.Z[@PYTHON] (default: the VERSIONS list)"
+    )
     ap.add_argument("--probes", help="comma-separated probe ids (default: all)")
-    ap.add_argument("--force", action="store_true", help="re-run cells that already have results")
-    ap.add_argument("--jobs", type=int, default=2, help="versions run at once (default 2)")
-    ap.add_argument("--timeout", type=float, default=PROBE_TIMEOUT_S, help="seconds per probe")
+    ap.add_argument(
+        "--force", action="store_true", help="re-run cells that already have results"
+    )
+    ap.add_argument(
+        "--jobs", type=int, default=2, help="versions run at once (default 2)"
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=PROBE_TIMEOUT_S, help="seconds per probe"
+    )
     ns = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from beyondgrad.drift.probes import PROBES
@@ -218,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             return
         t1 = time.perf_counter()
         n = run_version(py, version, todo, data, ns.timeout)
-        say(f"{version}: {n}/{len(todo)} probes in {time.perf_counter() - t1:.0f} s ({where})")
+        say(
+            f"{version}: {n}/{len(todo)} probes in {time.perf_counter() - t1:.0f} s ({where})"
+        )
         if n < len(todo):
             failures += 1
 
@@ -227,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
             fut.result()
     if targets:
         save_results(data)
-    say(f"done in {time.perf_counter() - t0:.0f} s; results in {RESULTS.relative_to(ROOT)}")
+    where = RESULTS.relative_to(ROOT) if RESULTS.is_relative_to(ROOT) else RESULTS
+    say(f"done in {time.perf_counter() - t0:.0f} s; results in {where}")
     return 1 if failures else 0
 
 

@@ -58,7 +58,9 @@ class Outcome:
 
     kind: Kind
     value: str = ""  # returns: the short result
-    exc_class: str = ""  # raises: e.g. "TypeError", "jax.errors.ConcretizationTypeError"
+    exc_class: str = (
+        ""  # raises: e.g. "TypeError", "jax.errors.ConcretizationTypeError"
+    )
     message: str = ""  # raises: the message's first line (crash: what happened)
     frame: str = ""  # raises: innermost JAX frame, "jax/_src/core.py:1809 get_aval"
     traceback: str = ""  # raises: the last frames and the exception line (may be empty)
@@ -82,11 +84,19 @@ class Outcome:
         """
         if not isinstance(other, Outcome):
             raise TypeError(f"expected an Outcome, got {type(other).__name__}")
-        base = (self.kind, self.value, self.exc_class) == (other.kind, other.value, other.exc_class)
+        base = (self.kind, self.value, self.exc_class) == (
+            other.kind,
+            other.value,
+            other.exc_class,
+        )
         if not exact:
             return base
         norm = lambda s: _HEX.sub("0x…", s)  # noqa: E731
-        return base and norm(self.message) == norm(other.message) and self.frame == other.frame
+        return (
+            base
+            and norm(self.message) == norm(other.message)
+            and self.frame == other.frame
+        )
 
     def short(self) -> str:
         """One line: the value, or the exception class and message."""
@@ -118,9 +128,13 @@ def _reload() -> None:
 def version_key(version: str) -> tuple[int, ...]:
     """``"0.12.0.1"`` -> ``(0, 12, 0, 1)``; ``ValueError`` for anything else."""
     if not isinstance(version, str):
-        raise TypeError(f"a JAX version must be a str like '0.8.2', got {type(version).__name__}")
+        raise TypeError(
+            f"a JAX version must be a str like '0.8.2', got {type(version).__name__}"
+        )
     if not re.fullmatch(r"\d+(\.\d+){1,3}", version.strip()):
-        raise ValueError(f"not a JAX release version: {version!r} (expected e.g. '0.8.2')")
+        raise ValueError(
+            f"not a JAX release version: {version!r} (expected e.g. '0.8.2')"
+        )
     return tuple(int(p) for p in version.strip().split("."))
 
 
@@ -128,8 +142,10 @@ def _check_probe(probe_id: str) -> str:
     if not isinstance(probe_id, str):
         raise TypeError(f"probe_id must be a str, got {type(probe_id).__name__}")
     if probe_id not in PROBES:
-        raise ValueError(f"unknown probe id {probe_id!r}; see drift.probe_ids() for the "
-                         f"{len(PROBES)} known ones")
+        raise ValueError(
+            f"unknown probe id {probe_id!r}; see drift.probe_ids() for the "
+            f"{len(PROBES)} known ones"
+        )
     return probe_id
 
 
@@ -158,7 +174,9 @@ def environment(version: str) -> dict[str, str]:
     version_key(version)
     env = _data()["versions"].get(version)
     if env is None:
-        raise ValueError(f"no results recorded for JAX {version}; recorded: {versions()}")
+        raise ValueError(
+            f"no results recorded for JAX {version}; recorded: {versions()}"
+        )
     return dict(env)
 
 
@@ -197,7 +215,9 @@ def _cell(o: Outcome | None) -> str:
 def table(probe_ids: Iterable[str] | None = None) -> str:
     """A Markdown table, probes × recorded versions, one short outcome per cell."""
     if isinstance(probe_ids, str):
-        raise TypeError("probe_ids must be a list of ids, not one str; wrap it: [probe_id]")
+        raise TypeError(
+            "probe_ids must be a list of ids, not one str; wrap it: [probe_id]"
+        )
     ids = probe_ids_all = list(PROBES) if probe_ids is None else list(probe_ids)
     for pid in probe_ids_all:
         _check_probe(pid)

@@ -62,13 +62,23 @@ def _outcome_of_exception(e: BaseException) -> dict:
         message = f"{message} {lines[1].strip()}"
     message = _HEX.sub("0x…", message)
     short = [f"{_rel(f.filename)}:{f.lineno} {f.name}" for f in frames[-10:]]
-    tb = "\n".join([*short, f"{type(e).__module__}.{type(e).__qualname__}: {message}"])
     cls = type(e)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    name = (
+        cls.__qualname__
+        if cls.__module__ == "builtins"
+        else f"{cls.__module__}.{cls.__qualname__}"
+    )
     # jax.errors classes are defined in jax._src.errors: name them as users import them.
     name = name.replace("jax._src.errors.", "jax.errors.")
-    return {"kind": "raises", "value": "", "exc_class": name, "message": message[:400],
-            "frame": frame, "traceback": tb}
+    tb = "\n".join([*short, f"{name}: {message}"])
+    return {
+        "kind": "raises",
+        "value": "",
+        "exc_class": name,
+        "message": message[:400],
+        "frame": frame,
+        "traceback": tb,
+    }
 
 
 def _run_in_fork(pid_name: str, timeout: float) -> dict:
@@ -83,18 +93,37 @@ def _run_in_fork(pid_name: str, timeout: float) -> dict:
         try:
             try:
                 value = probe.run()
-                out = {"kind": "returns", "value": str(value), "exc_class": "", "message": "",
-                       "frame": "", "traceback": ""}
+                out = {
+                    "kind": "returns",
+                    "value": str(value),
+                    "exc_class": "",
+                    "message": "",
+                    "frame": "",
+                    "traceback": "",
+                }
             except ModuleNotFoundError as e:
-                out = {"kind": "unavailable", "value": "", "exc_class": "ModuleNotFoundError",
-                       "message": str(e).splitlines()[0], "frame": "", "traceback": ""}
+                out = {
+                    "kind": "unavailable",
+                    "value": "",
+                    "exc_class": "ModuleNotFoundError",
+                    "message": str(e).splitlines()[0],
+                    "frame": "",
+                    "traceback": "",
+                }
             except BaseException as e:  # noqa: BLE001 - the exception is the result
                 out = _outcome_of_exception(e)
             data = json.dumps(out).encode()
         except BaseException as e:  # noqa: BLE001
-            data = json.dumps({"kind": "crash", "value": "", "exc_class": type(e).__name__,
-                               "message": f"could not record the outcome: {e}"[:400],
-                               "frame": "", "traceback": ""}).encode()
+            data = json.dumps(
+                {
+                    "kind": "crash",
+                    "value": "",
+                    "exc_class": type(e).__name__,
+                    "message": f"could not record the outcome: {e}"[:400],
+                    "frame": "",
+                    "traceback": "",
+                }
+            ).encode()
         with os.fdopen(w, "wb") as fh:
             fh.write(data)
         os._exit(0)
@@ -116,34 +145,51 @@ def _run_in_fork(pid_name: str, timeout: float) -> dict:
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     seconds = round(time.perf_counter() - t0, 2)
-    crash = {"kind": "crash", "value": "", "exc_class": "", "frame": "", "traceback": ""}
+    crash = {
+        "kind": "crash",
+        "value": "",
+        "exc_class": "",
+        "frame": "",
+        "traceback": "",
+    }
     if timed_out:
         out = {**crash, "message": f"timeout after {timeout:g} s"}
     elif os.WIFSIGNALED(status):
-        out = {**crash, "message": f"killed by {signal.Signals(os.WTERMSIG(status)).name}"}
+        out = {
+            **crash,
+            "message": f"killed by {signal.Signals(os.WTERMSIG(status)).name}",
+        }
     else:
         try:
             out = json.loads(b"".join(chunks).decode())
         except ValueError:
-            out = {**crash, "message": f"exited with status {os.waitstatus_to_exitcode(status)} "
-                                       "without a result"}
+            out = {
+                **crash,
+                "message": f"exited with status {os.waitstatus_to_exitcode(status)} "
+                "without a result",
+            }
     out["seconds"] = seconds
     return out
 
 
 def environment() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
     import jax
     import jaxlib
-
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         folx = version("folx")
     except PackageNotFoundError:
         folx = ""
-    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
-            "python": platform.python_version(), "platform": f"{platform.system()}-"
-            f"{platform.machine()} cpu x{DEVICES} (simulated)", "folx": folx}
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "python": platform.python_version(),
+        "platform": f"{platform.system()}-"
+        f"{platform.machine()} cpu x{DEVICES} (simulated)",
+        "folx": folx,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
 
     unknown = [i for i in ns.ids if i not in PROBES]
     if unknown:
-        print(f"unknown probe id(s): {', '.join(unknown)}; known: {', '.join(PROBES)}",
-              file=sys.stderr)
+        print(
+            f"unknown probe id(s): {', '.join(unknown)}; known: {', '.join(PROBES)}",
+            file=sys.stderr,
+        )
         return 2
     ids = ns.ids or [p.id for p in PROBES.values() if p.fast or not ns.fast]
     import jax  # imported once here, before any fork; no backend starts
@@ -167,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_num_cpu_devices", DEVICES)
     print(json.dumps({"env": environment()}), flush=True)
     for pid_name in ids:
-        print(json.dumps({"id": pid_name, "outcome": _run_in_fork(pid_name, ns.timeout)}),
-              flush=True)
+        print(
+            json.dumps({"id": pid_name, "outcome": _run_in_fork(pid_name, ns.timeout)}),
+            flush=True,
+        )
     return 0
 
 

@@ -109,13 +109,18 @@ def _shard_map(f, mesh, in_specs, out_specs, check: bool = True):
     return sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **{flag: check})
 
 
-def _cast_varying(x, axes: tuple[str, ...]):
-    """``lax.pcast(x, axes, to='varying')`` where it exists, else ``lax.pvary``."""
+def _cast_varying(x, axes: tuple[str, ...], required: bool = True):
+    """``lax.pcast(x, axes, to='varying')`` where it exists, else ``lax.pvary``.
+
+    Before 0.6 neither exists (no varying types): ``required=False`` returns ``x``.
+    """
     from jax import lax
 
     if hasattr(lax, "pcast"):
         return lax.pcast(x, axes, to="varying")
-    return lax.pvary(x, axes)
+    if hasattr(lax, "pvary") or required:
+        return lax.pvary(x, axes)
+    return x
 
 
 def _typeof(x) -> str:
@@ -211,31 +216,54 @@ def ch1_error_hierarchy() -> str:
     import jax
 
     E = jax.errors
-    names = ["TracerBoolConversionError", "TracerIntegerConversionError",
-             "TracerArrayConversionError", "NonConcreteBooleanIndexError"]
+    names = [
+        "TracerBoolConversionError",
+        "TracerIntegerConversionError",
+        "TracerArrayConversionError",
+        "NonConcreteBooleanIndexError",
+    ]
     parts = []
     for name in names:
         cls = getattr(E, name, None)
         if cls is None:
             parts.append(f"{name}: absent")
             continue
-        bases = [b.__name__ for b in cls.__mro__[1:] if b.__name__ not in ("object",
-                 "BaseException", "Exception", "JAXTypeError", "JAXIndexError")]
+        bases = [
+            b.__name__
+            for b in cls.__mro__[1:]
+            if b.__name__
+            not in (
+                "object",
+                "BaseException",
+                "Exception",
+                "JAXTypeError",
+                "JAXIndexError",
+            )
+        ]
         parts.append(f"{name} < {','.join(bases)}")
     return "; ".join(parts)
 
 
-@_probe(CH1, "Abstract and concrete values, as JAX works today",
-        "whether the ConcreteArray aval class still exists")
+@_probe(
+    CH1,
+    "Abstract and concrete values, as JAX works today",
+    "whether the ConcreteArray aval class still exists",
+)
 def ch1_concrete_array_class() -> str:
     import jax
     from jax._src import core
 
-    return (f"jax.core.ConcreteArray={hasattr(jax.core, 'ConcreteArray')}, "
-            f"jax._src.core.ConcreteArray={hasattr(core, 'ConcreteArray')}")
+    return (
+        f"jax.core.ConcreteArray={hasattr(jax.core, 'ConcreteArray')}, "
+        f"jax._src.core.ConcreteArray={hasattr(core, 'ConcreteArray')}"
+    )
 
 
-@_probe(CH1, "Reverse mode is linearize + transpose", "grad of a pure_callback (no JVP rule)")
+@_probe(
+    CH1,
+    "Reverse mode is linearize + transpose",
+    "grad of a pure_callback (no JVP rule)",
+)
 def ch1_pure_callback_grad() -> str:
     import jax
     import jax.numpy as jnp
@@ -259,8 +287,11 @@ def while_loop_reverse_mode() -> str:
     return _short((lin, jax.grad(double_until_big)(1.5)))
 
 
-@_probe(CH1, "Reverse mode is linearize + transpose",
-        "jit(grad) of fori_loop with a traced trip count")
+@_probe(
+    CH1,
+    "Reverse mode is linearize + transpose",
+    "jit(grad) of fori_loop with a traced trip count",
+)
 def fori_loop_traced_bounds_grad() -> str:
     import jax
     from jax import lax
@@ -274,7 +305,9 @@ def fori_loop_traced_bounds_grad() -> str:
 # ----------------------------------------------------------------------------- Chapter 2
 
 
-@_probe(CH2, "How JAX does it today", "tracer class seen under grad, vjp, linearize, jvp")
+@_probe(
+    CH2, "How JAX does it today", "tracer class seen under grad, vjp, linearize, jvp"
+)
 def ch2_tracer_classes() -> str:
     import jax
     import jax.numpy as jnp
@@ -289,15 +322,21 @@ def ch2_tracer_classes() -> str:
         transform(g)
         return seen[0]
 
-    return ", ".join([
-        "grad=" + name(lambda g: jax.grad(g)(1.0)),
-        "vjp=" + name(lambda g: jax.vjp(g, 1.0)),
-        "linearize=" + name(lambda g: jax.linearize(g, 1.0)),
-        "jvp=" + name(lambda g: jax.jvp(g, (1.0,), (1.0,))),
-    ])
+    return ", ".join(
+        [
+            "grad=" + name(lambda g: jax.grad(g)(1.0)),
+            "vjp=" + name(lambda g: jax.vjp(g, 1.0)),
+            "linearize=" + name(lambda g: jax.linearize(g, 1.0)),
+            "jvp=" + name(lambda g: jax.jvp(g, (1.0,), (1.0,))),
+        ]
+    )
 
 
-@_probe(CH2, "How JAX does it today", "the jax_use_direct_linearize option and whether it is obeyed")
+@_probe(
+    CH2,
+    "How JAX does it today",
+    "the jax_use_direct_linearize option and whether it is obeyed",
+)
 def ch2_direct_linearize_option() -> str:
     import jax
     import jax.numpy as jnp
@@ -341,14 +380,20 @@ def _seed001(cast: bool) -> str:
     return _short(out)
 
 
-@_probe(CH2, "The shard_map case: primal and tangent must vary alike",
-        "jax#28260: linearize at a closed-over primal, transpose, on a sharded tangent")
+@_probe(
+    CH2,
+    "The `shard_map` case: primal and tangent must vary alike",
+    "jax#28260: linearize at a closed-over primal, transpose, on a sharded tangent",
+)
 def seed001_linearize_transpose_no_cast() -> str:
     return _seed001(cast=False)
 
 
-@_probe(CH2, "The shard_map case: primal and tangent must vary alike",
-        "jax#28260 fixed by casting the primal to varying (pcast, or pvary where older)")
+@_probe(
+    CH2,
+    "The `shard_map` case: primal and tangent must vary alike",
+    "jax#28260 fixed by casting the primal to varying (pcast, or pvary where older)",
+)
 def seed001_linearize_transpose_with_cast() -> str:
     return _seed001(cast=True)
 
@@ -356,8 +401,11 @@ def seed001_linearize_transpose_with_cast() -> str:
 # ----------------------------------------------------------------------------- Chapter 3
 
 
-@_probe(CH3, "How the API got its shape",
-        "jax#1448: custom_root whose solve closes over traced values, under jit and grad")
+@_probe(
+    CH3,
+    "How the API got its shape",
+    "jax#1448: custom_root whose solve closes over traced values, under jit and grad",
+)
 def seed002_custom_root_closure_jit() -> str:
     import jax
     import jax.numpy as jnp
@@ -366,8 +414,12 @@ def seed002_custom_root_closure_jit() -> str:
     def linear_solve(a, b):
         f = lambda y: a @ y - b
         x_direct = jnp.linalg.solve(a, b)
-        return lax.custom_root(f, jnp.zeros_like(b), lambda f, x0: x_direct,
-                               lambda g, y: jnp.linalg.solve(jax.jacobian(g)(y), y))
+        return lax.custom_root(
+            f,
+            jnp.zeros_like(b),
+            lambda f, x0: x_direct,
+            lambda g, y: jnp.linalg.solve(jax.jacobian(g)(y), y),
+        )
 
     a, b = jnp.array([[2.0, 1.0], [1.0, 3.0]]), jnp.ones(2)
     sol = jax.jit(linear_solve)(a, b)
@@ -375,8 +427,11 @@ def seed002_custom_root_closure_jit() -> str:
     return _short((sol, grad))
 
 
-@_probe(CH3, "Diagnostics through `has_aux`",
-        "an int32 aux output of custom_root(has_aux=True) under jvp and grad")
+@_probe(
+    CH3,
+    "Diagnostics through `has_aux`",
+    "an int32 aux output of custom_root(has_aux=True) under jvp and grad",
+)
 def custom_root_int_aux() -> str:
     import jax
     import jax.numpy as jnp
@@ -390,8 +445,9 @@ def custom_root_int_aux() -> str:
             E, k = lax.while_loop(go, lambda s: (s[0] - F(s[0]), s[1] + 1), (E0, 0))
             return E, k.astype(jnp.int32)
 
-        return lax.custom_root(F, jnp.asarray(M, float), solve,
-                               lambda g, y: y / g(1.0), has_aux=True)
+        return lax.custom_root(
+            F, jnp.asarray(M, float), solve, lambda g, y: y / g(1.0), has_aux=True
+        )
 
     (_, _), (dE_jvp, _) = jax.jvp(kepler, (1.0,), (1.0,))
     dE, count = jax.grad(kepler, has_aux=True)(1.0)
@@ -401,7 +457,9 @@ def custom_root_int_aux() -> str:
 # ----------------------------------------------------------------------------- Chapter 4
 
 
-@_probe(CH4, "4.2 Explicit and Auto mesh axes", "axis types of jax.make_mesh by default")
+@_probe(
+    CH4, "4.2 Explicit and Auto mesh axes", "axis types of jax.make_mesh by default"
+)
 def make_mesh_default_axis_types() -> str:
     import jax
 
@@ -409,11 +467,12 @@ def make_mesh_default_axis_types() -> str:
     return str(tuple(str(t) for t in getattr(mesh, "axis_types", ("(no axis_types)",))))
 
 
-@_probe(CH4, "4.2 Explicit and Auto mesh axes", "shard_map on an Auto mesh without in_specs")
+@_probe(
+    CH4, "4.2 Explicit and Auto mesh axes", "shard_map on an Auto mesh without in_specs"
+)
 def shard_map_omitted_in_specs() -> str:
-    import jax.numpy as jnp
-
     import jax
+    import jax.numpy as jnp
 
     sm = getattr(jax, "shard_map", None)
     if sm is None:
@@ -422,22 +481,29 @@ def shard_map_omitted_in_specs() -> str:
     return _short(out)
 
 
-@_probe(CH4, "4.2 Explicit and Auto mesh axes",
-        "in_specs=P('data') for a replicated argument on an Explicit mesh")
+@_probe(
+    CH4,
+    "4.2 Explicit and Auto mesh axes",
+    "in_specs=P('data') for a replicated argument on an Explicit mesh",
+)
 def shard_map_explicit_mismatch() -> str:
     import jax
     import jax.numpy as jnp
     from jax.sharding import AxisType, NamedSharding
 
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,),
-                         devices=jax.devices("cpu")[:8])
+    mesh = jax.make_mesh(
+        (8,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices("cpu")[:8]
+    )
     x_rep = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, _P()))
     out = _shard_map(lambda a: 2 * a, mesh, _P("data"), _P("data"))(x_rep)
     return f"{_typeof(out)} sum {_short(jnp.sum(out))}"
 
 
-@_probe(CH4, "4.2 Explicit and Auto mesh axes",
-        "eager grad of a shard_map on a default jax.make_mesh mesh, no jax.set_mesh")
+@_probe(
+    CH4,
+    "4.2 Explicit and Auto mesh axes",
+    "eager grad of a shard_map on a default jax.make_mesh mesh, no jax.set_mesh",
+)
 def shard_map_eager_grad_no_set_mesh() -> str:
     import jax
     import jax.numpy as jnp
@@ -448,12 +514,14 @@ def shard_map_eager_grad_no_set_mesh() -> str:
     return _short(jax.grad(f)(jnp.arange(8.0)))
 
 
-@_probe(CH4, "4.3 The type: varying or invariant",
-        "where the varying axes of a type live: aval.vma or aval.manual_axis_type")
+@_probe(
+    CH4,
+    "4.3 The type: varying or invariant",
+    "where the varying axes of a type live: aval.vma or aval.manual_axis_type",
+)
 def aval_varying_axes_field() -> str:
-    import jax.numpy as jnp
-
     import jax
+    import jax.numpy as jnp
 
     seen = {}
 
@@ -463,8 +531,11 @@ def aval_varying_axes_field() -> str:
         vma = getattr(aval, "vma", None)
         mat = getattr(aval, "manual_axis_type", None)
         seen["vma"] = "absent" if vma is None else str(sorted(vma))
-        seen["mat"] = ("absent" if mat is None
-                       else f"varying={sorted(getattr(mat, 'varying', ()))}")
+        seen["mat"] = (
+            "absent"
+            if mat is None
+            else f"varying={sorted(getattr(mat, 'varying', ()))}"
+        )
         seen["type"] = str(aval)
         return a
 
@@ -504,8 +575,9 @@ def api_lax_pcast() -> str:
 def pcast_already_varying() -> str:
     import jax.numpy as jnp
 
-    out = _shard_map(lambda a: _cast_varying(a, ("data",)), _mesh(), _P("data"),
-                     _P("data"))(jnp.arange(8.0))
+    out = _shard_map(
+        lambda a: _cast_varying(a, ("data",)), _mesh(), _P("data"), _P("data")
+    )(jnp.arange(8.0))
     return _short(out)
 
 
@@ -513,24 +585,33 @@ def pcast_already_varying() -> str:
 def out_specs_invariant_claim() -> str:
     import jax.numpy as jnp
 
-    return _short(_shard_map(lambda a: 2 * a, _mesh(), _P("data"), _P())(jnp.arange(8.0)))
+    return _short(
+        _shard_map(lambda a: 2 * a, _mesh(), _P("data"), _P())(jnp.arange(8.0))
+    )
 
 
-@_probe(CH4, "4.4 Collectives change the type", "psum of an invariant value over 8 devices")
+@_probe(
+    CH4, "4.4 Collectives change the type", "psum of an invariant value over 8 devices"
+)
 def psum_of_invariant() -> str:
     import jax.numpy as jnp
     from jax import lax
 
-    return _short(_shard_map(lambda w: lax.psum(w, "data"), _mesh(), _P(), _P())(jnp.ones(3)))
+    return _short(
+        _shard_map(lambda w: lax.psum(w, "data"), _mesh(), _P(), _P())(jnp.ones(3))
+    )
 
 
-@_probe(CH4, "4.4 Collectives change the type",
-        "the to= values lax.all_gather accepts, and the result type on an Auto mesh")
+@_probe(
+    CH4,
+    "4.4 Collectives change the type",
+    "the to= values lax.all_gather accepts, and the result type on an Auto mesh",
+)
 def all_gather_to_values() -> str:
+    import inspect
+
     import jax.numpy as jnp
     from jax import lax
-
-    import inspect
 
     if "to" not in inspect.signature(lax.all_gather).parameters:
         return "no to= parameter"
@@ -554,8 +635,11 @@ def all_gather_to_values() -> str:
     return "; ".join(parts)
 
 
-@_probe(CH4, "4.6 Autodiff sees the types",
-        "jvp at an invariant primal with a varying tangent, out_specs=P()")
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp at an invariant primal with a varying tangent, out_specs=P()",
+)
 def jvp_varying_tangent_hole() -> str:
     import jax
     import jax.numpy as jnp
@@ -572,7 +656,9 @@ def jvp_varying_tangent_hole() -> str:
     return f"tangent type {seen[0]}; returned {_short(out)}"
 
 
-@_probe(CH4, "4.7 Loop carries", "fori_loop carry from invariant zeros plus a varying value")
+@_probe(
+    CH4, "4.7 Loop carries", "fori_loop carry from invariant zeros plus a varying value"
+)
 def loop_carry_invariant_init() -> str:
     import jax.numpy as jnp
     from jax import lax
@@ -580,15 +666,20 @@ def loop_carry_invariant_init() -> str:
     def accumulate(xb):
         return lax.fori_loop(0, 3, lambda k, acc: acc + xb, jnp.zeros(xb.shape))
 
-    return _short(_shard_map(accumulate, _mesh(), _P("data"), _P("data"))(jnp.arange(8.0)))
+    return _short(
+        _shard_map(accumulate, _mesh(), _P("data"), _P("data"))(jnp.arange(8.0))
+    )
 
 
 # ----------------------------------------------------------------------------- Chapter 5
 
 
-@_probe(CH5, "5.5 Inside shard_map, with gradients: the seed",
-        "jax#33947: grad inside shard_map (check_vma) of a function that splits and "
-        "drops a piece")
+@_probe(
+    CH5,
+    "5.5 Inside shard_map, with gradients: the seed",
+    "jax#33947: grad inside shard_map (check_vma) of a function that splits and "
+    "drops a piece",
+)
 def seed000_split_unused_grad() -> str:
     import jax
     import jax.numpy as jnp
@@ -601,16 +692,22 @@ def seed000_split_unused_grad() -> str:
     return _short(out)
 
 
-@_probe(CH5, "5.5 Inside shard_map, with gradients: the seed",
-        "folx#40: grad of a folx forward Laplacian of slogdet inside shard_map", fast=False)
+@_probe(
+    CH5,
+    "5.5 Inside shard_map, with gradients: the seed",
+    "folx#40: grad of a folx forward Laplacian of slogdet inside shard_map",
+    fast=False,
+)
 def seed000_folx_slogdet_grad() -> str:
     import jax
     import jax.numpy as jnp
     from jax import lax
 
     try:
-        import folx
         from importlib.metadata import version
+
+        import folx
+
         folx_version = version("folx")
     except ImportError as e:  # recorded as "unavailable" by the child runner
         raise ModuleNotFoundError(f"folx is not installed: {e}") from None
@@ -624,7 +721,7 @@ def seed000_folx_slogdet_grad() -> str:
         return res.laplacian + jnp.sum(res.jacobian.dense_array**2)
 
     def per_device(w, xs):
-        w = _cast_varying(w, ("data",))
+        w = _cast_varying(w, ("data",), required=False)
         g = jax.grad(lambda w: jnp.mean(jax.vmap(lambda x: local_energy(w, x))(xs)))(w)
         return lax.pmean(g, "data")
 
@@ -634,8 +731,11 @@ def seed000_folx_slogdet_grad() -> str:
     return f"folx {folx_version}: {_short(out)}"
 
 
-@_probe(CH5, "5.5 Inside shard_map, with gradients: the seed",
-        "Hessian-vector product at a varying primal fed an invariant jnp.eye row")
+@_probe(
+    CH5,
+    "5.5 Inside shard_map, with gradients: the seed",
+    "Hessian-vector product at a varying primal fed an invariant jnp.eye row",
+)
 def ch5_hand_built_basis() -> str:
     import jax
     import jax.numpy as jnp
@@ -645,4 +745,6 @@ def ch5_hand_built_basis() -> str:
         eye = jnp.eye(g.shape[0], dtype=g.dtype)
         return hvp(eye[0])
 
-    return _short(_shard_map(kinetic, _mesh(), _P("data"), _P("data"))(jnp.arange(16.0)))
+    return _short(
+        _shard_map(kinetic, _mesh(), _P("data"), _P("data"))(jnp.arange(16.0))
+    )
