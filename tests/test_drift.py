@@ -213,7 +213,7 @@ def test_runner_missing_python_is_skipped_others_run(capsys, monkeypatch, tmp_pa
 
 _CRASH_SCRIPT = """
 import json, os, signal, time
-from beyondgrad.drift import probes
+from beyondgrad.drift import child, probes
 
 def segfault():
     os.kill(os.getpid(), signal.SIGSEGV)

@@ -284,6 +284,7 @@ class DriftCheck:
     probes_run: int
     seconds: float
     differences: tuple[DriftDifference, ...]
+    outcomes: dict[str, drift.Outcome] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def sections(self) -> list[str]:
@@ -335,15 +336,15 @@ def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> Drif
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"the drift probes could not run: {tail[0]}")
     seconds = time.perf_counter() - t0
-    version, diffs, n = jax.__version__, [], 0
+    version, diffs, n, outcomes = jax.__version__, [], 0, {}
     for line in proc.stdout.splitlines():
         rec = json.loads(line)
         if "env" in rec:
             version = rec["env"]["jax"]
             continue
         n += 1
-        yours = drift.Outcome.from_dict(rec["outcome"])
+        yours = outcomes[rec["id"]] = drift.Outcome.from_dict(rec["outcome"])
         book = drift.outcome(rec["id"], book_version)
         if book is not None and not book.same_behaviour(yours, exact=False):
             diffs.append(DriftDifference(rec["id"], drift.chapter(rec["id"]), book, yours))
-    return DriftCheck(version, book_version, n, seconds, tuple(diffs))
+    return DriftCheck(version, book_version, n, seconds, tuple(diffs), outcomes)
