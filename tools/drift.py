@@ -140,12 +140,19 @@ def ensure_env(version: str, python: str) -> tuple[Path | None, str]:
     if got.returncode != 0:
         shutil.rmtree(env, ignore_errors=True)
         err = got.stderr
-        needs = re.search(rf"(?<![\d.]){re.escape(version)} Requires-Python ([^;\n]+)", err)
+        needs = re.search(
+            rf"(?<![\d.]){re.escape(version)} Requires-Python ([^;\n]+)", err
+        )
         if needs:
-            return None, (f"jax {version} needs Python {needs.group(1).strip()}, not {python}: "
-                          f"ask for {version}@<newer python>")
+            return None, (
+                f"jax {version} needs Python {needs.group(1).strip()}, not {python}: "
+                f"ask for {version}@<newer python>"
+            )
         if "No matching distribution" in err or "Could not find a version" in err:
-            return None, f"the package index has no jax=={version} (for Python {python})"
+            return (
+                None,
+                f"the package index has no jax=={version} (for Python {python})",
+            )
         return (
             None,
             f"pip failed for jax=={version}: {err.strip().splitlines()[-1][:200]}",

@@ -34,7 +34,14 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 from jax.scipy.sparse.linalg import cg, gmres
 
-from beyondgrad.exercises import Feedback, call_answer, check_allclose, failed, tree_mismatches, verdict
+from beyondgrad.exercises import (
+    Feedback,
+    call_answer,
+    check_allclose,
+    failed,
+    tree_mismatches,
+    verdict,
+)
 
 PyTree = Any
 TangentSolver = Literal["dense", "gmres", "cg"] | Callable[[Callable[[PyTree], PyTree], PyTree], PyTree]

@@ -329,7 +329,9 @@ def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> Drif
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH", "")]))
     env.pop("XLA_FLAGS", None)
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "beyondgrad.drift.child", "--fast", "--timeout", str(timeout)]
+    jobs = str(max(1, min(4, os.cpu_count() or 1)))  # Colab's CPU runtime has 2 cores
+    cmd = [sys.executable, "-m", "beyondgrad.drift.child", "--fast", "--jobs", jobs,
+           "--timeout", str(timeout)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                           timeout=timeout * len(drift.probe_ids()) + 60)
     if proc.returncode != 0:
@@ -347,4 +349,6 @@ def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> Drif
         book = drift.outcome(rec["id"], book_version)
         if book is not None and not book.same_behaviour(yours, exact=False):
             diffs.append(DriftDifference(rec["id"], drift.chapter(rec["id"]), book, yours))
+    order = {p: k for k, p in enumerate(drift.probe_ids())}
+    diffs.sort(key=lambda d: order[d.probe_id])
     return DriftCheck(version, book_version, n, seconds, tuple(diffs), outcomes)

@@ -81,95 +81,117 @@ def _outcome_of_exception(e: BaseException) -> dict:
     }
 
 
-def _run_in_fork(pid_name: str, timeout: float) -> dict:
+_EMPTY = {
+    "kind": "",
+    "value": "",
+    "exc_class": "",
+    "message": "",
+    "frame": "",
+    "traceback": "",
+}
+
+
+def _probe_result(pid_name: str) -> bytes:
+    """Run one probe in this (forked) process; its outcome as JSON bytes."""
     from beyondgrad.drift.probes import PROBES
 
-    probe = PROBES[pid_name]
-    r, w = os.pipe()
-    t0 = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:  # the probe's own process
-        os.close(r)
+    try:
         try:
-            try:
-                value = probe.run()
-                out = {
-                    "kind": "returns",
-                    "value": str(value),
-                    "exc_class": "",
-                    "message": "",
-                    "frame": "",
-                    "traceback": "",
-                }
-            except ModuleNotFoundError as e:
-                out = {
-                    "kind": "unavailable",
-                    "value": "",
-                    "exc_class": "ModuleNotFoundError",
-                    "message": str(e).splitlines()[0],
-                    "frame": "",
-                    "traceback": "",
-                }
-            except BaseException as e:  # noqa: BLE001 - the exception is the result
-                out = _outcome_of_exception(e)
-            data = json.dumps(out).encode()
-        except BaseException as e:  # noqa: BLE001
-            data = json.dumps(
-                {
-                    "kind": "crash",
-                    "value": "",
-                    "exc_class": type(e).__name__,
-                    "message": f"could not record the outcome: {e}"[:400],
-                    "frame": "",
-                    "traceback": "",
-                }
-            ).encode()
-        with os.fdopen(w, "wb") as fh:
-            fh.write(data)
-        os._exit(0)
-    os.close(w)
-    chunks, deadline, timed_out = [], time.monotonic() + timeout, False
-    with os.fdopen(r, "rb") as fh:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            ready, _, _ = select.select([fh], [], [], left)
-            if ready:
-                chunk = os.read(fh.fileno(), 1 << 16)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    if timed_out:
-        os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    seconds = round(time.perf_counter() - t0, 2)
-    crash = {
-        "kind": "crash",
-        "value": "",
-        "exc_class": "",
-        "frame": "",
-        "traceback": "",
-    }
-    if timed_out:
-        out = {**crash, "message": f"timeout after {timeout:g} s"}
-    elif os.WIFSIGNALED(status):
-        out = {
-            **crash,
-            "message": f"killed by {signal.Signals(os.WTERMSIG(status)).name}",
-        }
-    else:
-        try:
-            out = json.loads(b"".join(chunks).decode())
-        except ValueError:
+            out = {**_EMPTY, "kind": "returns", "value": str(PROBES[pid_name].run())}
+        except ModuleNotFoundError as e:  # e.g. folx does not install with this JAX
+            out = {
+                **_EMPTY,
+                "kind": "unavailable",
+                "exc_class": "ModuleNotFoundError",
+                "message": str(e).splitlines()[0],
+            }
+        except BaseException as e:  # noqa: BLE001 - the exception is the result
+            out = _outcome_of_exception(e)
+        return json.dumps(out).encode()
+    except BaseException as e:  # noqa: BLE001
+        return json.dumps(
+            {
+                **_EMPTY,
+                "kind": "crash",
+                "exc_class": type(e).__name__,
+                "message": f"could not record the outcome: {e}"[:400],
+            }
+        ).encode()
+
+
+class _Running:
+    """A probe running in a forked child; its outcome arrives through a pipe."""
+
+    def __init__(self, pid_name: str, timeout: float):
+        self.name, self.timeout = pid_name, timeout
+        r, w = os.pipe()
+        self.t0 = time.perf_counter()
+        self.deadline = time.monotonic() + timeout
+        self.pid = os.fork()
+        if self.pid == 0:  # the probe's own process
+            os.close(r)
+            data = _probe_result(pid_name)
+            with os.fdopen(w, "wb") as fh:
+                fh.write(data)
+            os._exit(0)
+        os.close(w)
+        self.fd, self.chunks = r, []
+
+    def read(self) -> bool:
+        """Read what is available; True at end of output."""
+        chunk = os.read(self.fd, 1 << 16)
+        self.chunks.append(chunk)
+        return not chunk
+
+    def finish(self, timed_out: bool) -> dict:
+        os.close(self.fd)
+        if timed_out:
+            os.kill(self.pid, signal.SIGKILL)
+        _, status = os.waitpid(self.pid, 0)
+        crash = {**_EMPTY, "kind": "crash"}
+        if timed_out:
+            out = {**crash, "message": f"timeout after {self.timeout:g} s"}
+        elif os.WIFSIGNALED(status):
             out = {
                 **crash,
-                "message": f"exited with status {os.waitstatus_to_exitcode(status)} "
-                "without a result",
+                "message": f"killed by {signal.Signals(os.WTERMSIG(status)).name}",
             }
-    out["seconds"] = seconds
-    return out
+        else:
+            try:
+                out = json.loads(b"".join(self.chunks).decode())
+            except ValueError:
+                code = os.waitstatus_to_exitcode(status)
+                out = {
+                    **crash,
+                    "message": f"exited with status {code} without a result",
+                }
+        out["seconds"] = round(time.perf_counter() - self.t0, 2)
+        return out
+
+
+def run_probes(ids: list[str], timeout: float, jobs: int = 1):
+    """Yield ``(id, outcome)`` for each probe, at most ``jobs`` forked children at once."""
+    pending, running = list(ids), {}
+    while pending or running:
+        while pending and len(running) < max(1, jobs):
+            job = _Running(pending.pop(0), timeout)
+            running[job.fd] = job
+        now = time.monotonic()
+        wait = max(0.0, min(j.deadline for j in running.values()) - now)
+        ready, _, _ = select.select(list(running), [], [], wait)
+        for fd in ready:
+            if running[fd].read():
+                job = running.pop(fd)
+                yield job.name, job.finish(timed_out=False)
+        now = time.monotonic()
+        for fd in [fd for fd, j in running.items() if j.deadline <= now]:
+            job = running.pop(fd)
+            yield job.name, job.finish(timed_out=True)
+
+
+def _run_in_fork(pid_name: str, timeout: float) -> dict:
+    """One probe in a fresh forked process (see :func:`run_probes`)."""
+    return next(run_probes([pid_name], timeout))[1]
 
 
 def environment() -> dict:
@@ -196,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per probe")
     ap.add_argument("--fast", action="store_true", help="only the probes marked fast")
+    ap.add_argument("--jobs", type=int, default=1, help="probes running at once")
     ap.add_argument("ids", nargs="*", help="probe ids (default: all)")
     ns = ap.parse_args(argv)
     _setup_env()
@@ -214,11 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     if "jax_num_cpu_devices" in jax.config.values:
         jax.config.update("jax_num_cpu_devices", DEVICES)
     print(json.dumps({"env": environment()}), flush=True)
-    for pid_name in ids:
-        print(
-            json.dumps({"id": pid_name, "outcome": _run_in_fork(pid_name, ns.timeout)}),
-            flush=True,
-        )
+    for pid_name, outcome in run_probes(ids, ns.timeout, ns.jobs):
+        print(json.dumps({"id": pid_name, "outcome": outcome}), flush=True)
     return 0
 
 
