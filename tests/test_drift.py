@@ -23,7 +23,7 @@ def _run_probes_here(*args: str) -> tuple[dict, dict[str, drift.Outcome]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     env.pop("XLA_FLAGS", None)
     out = subprocess.run(
-        [sys.executable, "-m", "beyondgrad.drift.child", *args],
+        [sys.executable, "-m", "beyondgrad.drift.child", "--jobs", "2", *args],
         capture_output=True,
         text=True,
         env=env,
