@@ -242,3 +242,63 @@ def test_crashing_and_hanging_probes_are_recorded():
     crashed, hung = json.loads(out.stdout)
     assert (crashed["kind"], crashed["message"]) == ("crash", "killed by SIGSEGV")
     assert (hung["kind"], hung["message"]) == ("crash", "timeout after 0.5 s")
+
+
+def test_runner_runs_only_missing_cells(monkeypatch, tmp_path):
+    from tools import drift as runner
+
+    results = tmp_path / "results.json"
+    old = {
+        "0.8.2": {
+            "kind": "returns",
+            "value": "x",
+            "exc_class": "",
+            "message": "",
+            "frame": "",
+            "traceback": "",
+        }
+    }
+    results.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "versions": {"0.8.2": {"jax": "0.8.2"}},
+                "probes": {},
+                "results": {"ch1_error_hierarchy": old},
+            }
+        )
+    )
+    monkeypatch.setattr(runner, "RESULTS", results)
+    calls = []
+    monkeypatch.setattr(
+        runner, "ensure_env", lambda v, py: (Path(sys.executable), "fake")
+    )
+    monkeypatch.setattr(
+        runner,
+        "run_version",
+        lambda py, v, ids, data, timeout: calls.append((v, ids)) or len(ids),
+    )
+    probe_list = "ch1_error_hierarchy,while_loop_reverse_mode"
+    assert runner.main(["--versions", "0.8.2", "--probes", probe_list]) == 0
+    assert calls == [("0.8.2", ["while_loop_reverse_mode"])]
+    calls.clear()
+    assert runner.main(["--versions", "0.8.2", "--probes", probe_list, "--force"]) == 0
+    assert calls == [("0.8.2", ["ch1_error_hierarchy", "while_loop_reverse_mode"])]
+    saved = json.loads(results.read_text())
+    assert saved["results"]["ch1_error_hierarchy"]["0.8.2"]["value"] == "x"  # kept
+
+
+def test_headline_versions_pinned():
+    # The onsets the chapters cite, pinned from the recorded runs.
+    fv = drift.first_version
+    assert fv("seed001_linearize_transpose_no_cast", "raises") == "0.6.0"
+    assert fv("seed001_linearize_transpose_with_cast", "returns") == "0.6.0"
+    assert fv("api_lax_pcast", "returns") == JAX_FLOOR
+    assert fv("jvp_varying_tangent_hole", "returns") == "0.6.0"
+    pvary = [
+        v
+        for v in drift.versions()
+        if drift.outcome("api_lax_pvary", v).kind == "returns"
+    ]
+    assert pvary[0] == "0.6.0" and drift.version_key(pvary[-1]) < (0, 10)
+    assert drift.outcome("api_lax_pvary", "0.10.2").exc_class == "AttributeError"

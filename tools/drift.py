@@ -36,7 +36,7 @@ ENVS = ROOT / ".venv-drift"
 #: 0.5.3: before the varying types (jax#28260 "worked on 0.5.3"); 0.6.0: they arrive,
 #: with pvary; 0.7.0/0.7.1: jax.shard_map, the seed's report; 0.8.1: last with
 #: jax#33947; 0.8.2: the book's floor (pcast); 0.9.2; 0.10.2: pvary gone,
-#: manual_axis_type; 0.12.0.1: newest (needs Python 3.12).
+#: manual_axis_type; 0.11.2 and 0.12.0.1 (newest) need Python 3.12.
 VERSIONS: dict[str, str] = {
     "0.5.3": "3.11.7",
     "0.6.0": "3.11.7",
@@ -47,6 +47,7 @@ VERSIONS: dict[str, str] = {
     "0.8.2": "3.11.7",
     "0.9.2": "3.11.7",
     "0.10.2": "3.11.7",
+    "0.11.2": "3.12.1",
     "0.12.0.1": "3.12.1",
 }
 DEFAULT_PYTHON = "3.11.7"

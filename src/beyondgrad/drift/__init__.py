@@ -218,9 +218,7 @@ def table(probe_ids: Iterable[str] | None = None) -> str:
         raise TypeError(
             "probe_ids must be a list of ids, not one str; wrap it: [probe_id]"
         )
-    ids = probe_ids_all = list(PROBES) if probe_ids is None else list(probe_ids)
-    for pid in probe_ids_all:
-        _check_probe(pid)
+    ids = list(PROBES) if probe_ids is None else [_check_probe(p) for p in probe_ids]
     vs = versions()
     lines = ["| probe | " + " | ".join(vs) + " |", "|---|" + "---|" * len(vs)]
     for pid in ids:
