@@ -108,6 +108,22 @@ def _reusable(version: str) -> Path | None:
     return None
 
 
+def interpreter(python: str) -> tuple[str | None, str]:
+    """The executable of Python ``python`` (pyenv, else pythonX.Y on PATH), or why not."""
+    if shutil.which("pyenv"):
+        pre = subprocess.run(
+            ["pyenv", "prefix", python], capture_output=True, text=True
+        )
+        if pre.returncode != 0:
+            return None, f"Python {python} is not installed (pyenv install {python})"
+        return str(Path(pre.stdout.strip()) / "bin" / "python3"), ""
+    minor = ".".join(python.split(".")[:2])
+    exe = shutil.which(f"python{minor}")
+    if exe is None:
+        return None, f"Python {python} not found (no pyenv, no python{minor} on PATH)"
+    return exe, ""
+
+
 def ensure_env(version: str, python: str) -> tuple[Path | None, str]:
     """The venv's python for this version (created if needed), or None and why not."""
     env = ENVS / version
@@ -116,23 +132,16 @@ def ensure_env(version: str, python: str) -> tuple[Path | None, str]:
     reuse = _reusable(version)
     if reuse is not None:
         return reuse / "bin" / "python", f"{reuse} (reused read-only)"
-    have = subprocess.run(
-        ["pyenv", "versions", "--bare"], capture_output=True, text=True
-    )
-    if have.returncode == 0 and python not in have.stdout.split():
-        return None, f"Python {python} is not installed (pyenv install {python})"
+    exe, why = interpreter(python)
+    if exe is None:
+        return None, why
     say(f"{version}: creating {env.relative_to(ROOT)} with Python {python} ...")
     t0 = time.perf_counter()
     shutil.rmtree(env, ignore_errors=True)
-    penv = {**os.environ, "PYENV_VERSION": python}
-    made = subprocess.run(
-        ["python3", "-m", "venv", str(env)], env=penv, capture_output=True, text=True
-    )
+    made = subprocess.run([exe, "-m", "venv", str(env)], capture_output=True, text=True)
     if made.returncode != 0:
-        return (
-            None,
-            f"cannot create a venv with Python {python}: {made.stderr.strip()[-200:]}",
-        )
+        tail = made.stderr.strip()[-200:]
+        return None, f"cannot create a venv with Python {python}: {tail}"
     py = env / "bin" / "python"
     pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     got = subprocess.run(

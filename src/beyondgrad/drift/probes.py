@@ -516,6 +516,41 @@ def shard_map_eager_grad_no_set_mesh() -> str:
 
 @_probe(
     CH4,
+    "4.2 Explicit and Auto mesh axes",
+    "the same eager grad, argument put as P('data'), inside `with jax.set_mesh(mesh)`",
+)
+def shard_map_eager_grad_with_set_mesh() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
+    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, _P("data")))
+    with jax.set_mesh(mesh):
+        return _short(jax.grad(f)(x))
+
+
+@_probe(
+    CH4,
+    "4.2 Explicit and Auto mesh axes",
+    "the same eager grad with the argument put on the mesh as P('data') first",
+)
+def shard_map_eager_grad_sharded_input() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
+    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, _P("data")))
+    return _short(jax.grad(f)(x))
+
+
+@_probe(
+    CH4,
     "4.3 The type: varying or invariant",
     "where the varying axes of a type live: aval.vma or aval.manual_axis_type",
 )
