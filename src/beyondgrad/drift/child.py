@@ -61,7 +61,13 @@ def _outcome_of_exception(e: BaseException) -> dict:
     if message.endswith(":") and len(lines) > 1:  # "...: " then the detail on line 2
         message = f"{message} {lines[1].strip()}"
     message = _HEX.sub("0x…", message)
-    short = [f"{_rel(f.filename)}:{f.lineno} {f.name}" for f in frames[-10:]]
+    # The book's own frames without line numbers: they move whenever a probe is edited.
+    short = [
+        f"{_rel(f.filename)} {f.name}"
+        if _rel(f.filename).startswith("beyondgrad/")
+        else f"{_rel(f.filename)}:{f.lineno} {f.name}"
+        for f in frames[-10:]
+    ]
     cls = type(e)
     name = (
         cls.__qualname__

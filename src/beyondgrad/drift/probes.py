@@ -454,6 +454,21 @@ def custom_root_int_aux() -> str:
     return _short((dE_jvp, dE, count))
 
 
+@_probe(
+    CH3,
+    "A deep-equilibrium layer",
+    "jax_threefry_partitionable's default, the context manager, and a key's draws",
+)
+def threefry_partitionable_default() -> str:
+    import jax
+    from jax import random
+
+    flag = jax.config.values.get("jax_threefry_partitionable", "absent")
+    has_cm = hasattr(jax, "threefry_partitionable")
+    draw = random.normal(random.PRNGKey(1), (2,))
+    return f"default={flag}; jax.threefry_partitionable={has_cm}; normal(key 1)={_short(draw)}"
+
+
 # ----------------------------------------------------------------------------- Chapter 4
 
 
