@@ -126,7 +126,7 @@ def test_check_my_jax_lists_exactly_the_recorded_differences():
         pytest.skip(f"JAX {here} has no drift row (test_drift covers this case)")
     # One run (the probes take tens of seconds on a loaded machine), compared with
     # another recorded version; the run itself must match this version's own row.
-    other = next(v for v in reversed(drift.versions()) if v != here)
+    other = next(v for v in drift.versions() if v != here)  # the oldest: most differ
     check = runtime.check_my_jax(other)
     fast = [p for p in drift.probe_ids() if drift.probe(p).fast]
     assert check.jax_version == here and check.book_version == other
