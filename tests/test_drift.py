@@ -22,6 +22,11 @@ def _run_probes_here(*args: str) -> tuple[dict, dict[str, drift.Outcome]]:
     """Every probe on this environment's JAX, each in a fresh process (forked child)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     env.pop("XLA_FLAGS", None)
+    folx_old = (
+        ROOT / ".venv-drift" / jax.__version__ / "folx-old"
+    )  # made by dev.py drift
+    if folx_old.is_dir():
+        env[probes.FOLX_OLD_ENV] = str(folx_old)
     out = subprocess.run(
         [sys.executable, "-m", "beyondgrad.drift.child", "--jobs", "2", *args],
         capture_output=True,
@@ -67,7 +72,10 @@ def test_honesty_installed_jax_matches_its_committed_row(here):
     diffs = []
     for pid, yours in got.items():
         book = drift.outcome(pid, row)
-        if book is None:
+        if yours.kind == "unavailable" and (book is None or book.kind != "unavailable"):
+            # e.g. folx 0.2.26 is installed apart only by dev.py drift: cannot compare here
+            print(f"{pid}: {yours.message}; not compared")
+        elif book is None:
             diffs.append(f"{pid}: no recorded outcome for JAX {row} (run dev.py drift)")
         elif not book.same_behaviour(yours, exact=exact):
             diffs.append(
@@ -102,6 +110,13 @@ def test_seed_boundaries_recorded():
         )
         assert "get_aval" in o.frame and o.traceback.count("\n") >= 3
     assert drift.outcome(split, "0.8.2").kind == "returns"
+    # folx#40 with the folx of the report (0.2.26): the same frame, fixed by JAX 0.8.2.
+    old = "seed000_folx_old_slogdet_grad"
+    for v in ("0.7.0", "0.7.1", "0.8.1"):
+        o = drift.outcome(old, v)
+        assert o.exc_class == "TypeError" and "get_aval" in o.frame
+        assert "_split_transpose_rule" in o.traceback
+    assert drift.outcome(old, "0.8.2").value.startswith("folx 0.2.26: ")
     # jax#28260: the cast fixes it wherever the varying types exist.
     assert (
         drift.outcome("seed001_linearize_transpose_no_cast", "0.8.2").exc_class

@@ -32,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "src" / "beyondgrad" / "drift" / "results.json"
 ENVS = ROOT / ".venv-drift"
 
+sys.path.insert(0, str(ROOT / "src"))  # the probes module is stdlib-only at import
+from beyondgrad.drift.probes import FOLX_OLD, FOLX_OLD_ENV  # noqa: E402
+
 #: The JAX versions of the report and the Python each runs on: THE list, kept here only.
 #: 0.5.3: before the varying types (jax#28260 "worked on 0.5.3"); 0.6.0: they arrive,
 #: with pvary; 0.7.0/0.7.1: jax.shard_map, the seed's report; 0.8.1: last with
@@ -217,11 +220,44 @@ def save_results(data: dict) -> None:
     tmp.replace(RESULTS)
 
 
+def ensure_folx_old(py: Path, version: str) -> Path | None:
+    """folx FOLX_OLD in its own directory (never into a reused venv); None if it fails."""
+    target = ENVS / version / "folx-old"
+    if (target / ".ready").exists():
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    got = subprocess.run(
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+            str(target),
+            f"folx=={FOLX_OLD}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if got.returncode != 0:
+        say(f"{version}: folx {FOLX_OLD} does not install; its probe is 'unavailable'")
+        return None
+    (target / ".ready").write_text(FOLX_OLD + "\n")
+    return target
+
+
 def run_version(
     py: Path, version: str, ids: list[str], data: dict, timeout: float
 ) -> int:
     """Run ``ids`` on one version; merge outcomes into ``data`` as they arrive."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    if "seed000_folx_old_slogdet_grad" in ids:
+        old = ensure_folx_old(py, version)
+        if old is not None:
+            env[FOLX_OLD_ENV] = str(old)
     cmd = [str(py), "-m", "beyondgrad.drift.child", "--timeout", str(timeout), *ids]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env

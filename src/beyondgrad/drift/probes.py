@@ -742,17 +742,28 @@ def seed000_split_unused_grad() -> str:
     return _short(out)
 
 
-@_probe(
-    CH5,
-    "5.5 Inside shard_map, with gradients: the seed",
-    "folx#40: grad of a folx forward Laplacian of slogdet inside shard_map",
-    fast=False,
-)
-def seed000_folx_slogdet_grad() -> str:
+#: The folx release of the seed's report era (folx#40 was fixed in 0.2.28; 0.2.27 was
+#: never published). The runner installs it apart from the environment's own folx and
+#: names the directory in this variable; without it the probe is "unavailable".
+FOLX_OLD = "0.2.26"
+FOLX_OLD_ENV = "BEYONDGRAD_DRIFT_FOLX_OLD"
+
+
+def _folx_seed(old: bool) -> str:
+    import os
+    import sys
+
     import jax
     import jax.numpy as jnp
     from jax import lax
 
+    if old:
+        where = os.environ.get(FOLX_OLD_ENV, "")
+        if not where or not os.path.isdir(where):
+            raise ModuleNotFoundError(
+                f"folx {FOLX_OLD} is not installed apart (set {FOLX_OLD_ENV})"
+            )
+        sys.path.insert(0, where)
     try:
         from importlib.metadata import version
 
@@ -779,6 +790,27 @@ def seed000_folx_slogdet_grad() -> str:
     xs = jnp.linspace(-1.0, 1.0, 24).reshape(8, 3)
     out = _shard_map(per_device, _mesh(), (_P(), _P("data")), _P())(w, xs)
     return f"folx {folx_version}: {_short(out)}"
+
+
+@_probe(
+    CH5,
+    "5.5 Inside shard_map, with gradients: the seed",
+    "folx#40: grad of a folx forward Laplacian of slogdet inside shard_map "
+    "(the newest folx that installs with this JAX)",
+    fast=False,
+)
+def seed000_folx_slogdet_grad() -> str:
+    return _folx_seed(old=False)
+
+
+@_probe(
+    CH5,
+    "5.5 Inside shard_map, with gradients: the seed",
+    f"folx#40 as reported: the same program with folx {FOLX_OLD}",
+    fast=False,
+)
+def seed000_folx_old_slogdet_grad() -> str:
+    return _folx_seed(old=True)
 
 
 @_probe(
