@@ -8,6 +8,7 @@
     python3 dev.py lint        # ruff check + ruff format --check
     python3 dev.py chapter chapters/01_tracers.md   # execute one chapter, report errors and time
     python3 dev.py page chapters/01_tracers.md      # build only that chapter as a book, with -W
+    python3 dev.py drift [--versions ...]  # probes under every JAX of tools/drift.py (drift.md)
 
 Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
 --jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX), --force (book:
@@ -279,6 +280,10 @@ COMMANDS = ["book", "test", "sync", "lint", "chapter", "page", "setup"]
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["drift"]:  # maintainers: probes under many JAX versions, own venvs
+        from tools.drift import main as drift_main
+
+        return drift_main(argv[1:])
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,7 +1,8 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from beyondgrad import JAX_FLOOR, runtime
 
@@ -115,3 +116,44 @@ def test_glue_prints_without_myst_nb(monkeypatch, capsys):
     monkeypatch.setattr(builtins, "__import__", no_myst_nb)
     runtime.glue("ratio", 2.5, display=False)
     assert capsys.readouterr().out == "ratio = 2.5\n"
+
+
+def test_check_my_jax_lists_exactly_the_recorded_differences():
+    from beyondgrad import drift
+
+    here = jax.__version__
+    if here not in drift.versions():
+        pytest.skip(f"JAX {here} has no drift row (test_drift covers this case)")
+    # One run (the probes take tens of seconds on a loaded machine), compared with
+    # another recorded version; the run itself must match this version's own row.
+    other = next(v for v in drift.versions() if v != here)  # the oldest: most differ
+    check = runtime.check_my_jax(other)
+    fast = [p for p in drift.probe_ids() if drift.probe(p).fast]
+    assert check.jax_version == here and check.book_version == other
+    assert check.probes_run == len(fast) == len(check.outcomes)
+    own = [p for p in fast if not drift.outcome(p, here).same_behaviour(check.outcomes[p])]
+    assert not own, f"JAX {here} differs from its own recorded row in {own}"
+    want = [p for p in fast if not drift.outcome(p, other).same_behaviour(
+        drift.outcome(p, here), exact=False)]
+    assert want, f"pick versions that differ: {here} and {other} behave alike"
+    assert [d.probe_id for d in check.differences] == want
+    text = str(check)
+    assert f"{len(check.sections)} chapter section(s) will behave differently" in text
+    assert all(str(d.chapter) in text for d in check.differences)
+
+
+def test_drift_check_text_when_nothing_differs():
+    text = str(runtime.DriftCheck("0.8.2", "0.8.2", 3, 1.0, ()))
+    assert "No chapter section will behave differently" in text and "3 probes" in text
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"book_version": "0.0.1"}, "book_version must be one of"),
+    ({"book_version": 8}, "book_version must be one of"),
+    ({"timeout": 0}, "timeout must be a positive"),
+    ({"timeout": True}, "timeout must be a positive"),
+    ({"timeout": "60"}, "timeout must be a positive"),
+])
+def test_check_my_jax_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        runtime.check_my_jax(**kwargs)

@@ -18,7 +18,22 @@ from typing import Literal
 
 import jax
 
-from beyondgrad import compat
+from beyondgrad import compat, drift
+
+__all__ = [
+    "BOOK_DEVICE_COUNT",
+    "DriftCheck",
+    "DriftDifference",
+    "RuntimeInfo",
+    "SetupCheck",
+    "check_my_jax",
+    "check_setup",
+    "demo_mesh",
+    "describe",
+    "ensure_cpu_devices",
+    "glue",
+    "on_colab",
+]
 
 #: How many devices the sharding chapters use (simulated on CPU when needed).
 BOOK_DEVICE_COUNT = 8
@@ -239,3 +254,101 @@ def check_setup(n_devices: int = BOOK_DEVICE_COUNT) -> list[SetupCheck]:
         checks.append(SetupCheck("shard_map", False, "skipped: not enough devices",
                                  "fix the device check above first"))
     return checks
+
+
+# ----------------------------------------------------------------------------- version drift
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftDifference:
+    """One behaviour of the book that your JAX does differently from the book's JAX."""
+
+    probe_id: str
+    chapter: drift.ChapterRef
+    book: drift.Outcome
+    yours: drift.Outcome
+
+    def __str__(self) -> str:
+        return (f"- {self.chapter.doc} § {self.chapter.section}\n"
+                f"    {drift.probe(self.probe_id).summary} [{self.probe_id}]\n"
+                f"    book's JAX: {self.book.short()[:150]}\n"
+                f"    your JAX:   {self.yours.short()[:150]}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftCheck:
+    """The fast drift probes run on your JAX, compared with the book's recorded row."""
+
+    jax_version: str
+    book_version: str
+    probes_run: int
+    seconds: float
+    differences: tuple[DriftDifference, ...]
+    outcomes: dict[str, drift.Outcome] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def sections(self) -> list[str]:
+        """The chapter sections that will behave differently, each once, in book order."""
+        return list(dict.fromkeys(str(d.chapter) for d in self.differences))
+
+    def __str__(self) -> str:
+        head = (f"JAX {self.jax_version}: {self.probes_run} probes in {self.seconds:.0f} s, "
+                f"compared with the book's JAX {self.book_version}.")
+        if not self.differences:
+            return f"{head}\nNo chapter section will behave differently from the book's pages."
+        lines = [head, f"{len(self.sections)} chapter section(s) will behave differently:"]
+        return "\n".join([*lines, *map(str, self.differences)])
+
+
+def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> DriftCheck:
+    """Run the fast drift probes on the installed JAX; list where the book's pages differ.
+
+    The probes run in a fresh Python process (they need 8 CPU devices, which a kernel
+    whose JAX has started cannot create), each probe in its own forked process.
+    ``book_version`` is the recorded JAX to compare with (default: the newest, which the
+    book is built with). Compares outcome kind, value and exception class; messages and
+    line numbers move between releases without changing what a chapter shows.
+    """
+    import json
+    import subprocess
+    import time
+    from pathlib import Path
+
+    recorded = drift.versions()
+    if book_version is None:
+        if not recorded:
+            raise RuntimeError("no drift results are recorded: run `python3 dev.py drift`")
+        book_version = recorded[-1]
+    if not isinstance(book_version, str) or book_version not in recorded:
+        raise ValueError(f"book_version must be one of the recorded versions {recorded}, "
+                         f"got {book_version!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    pkg_parent = str(Path(drift.__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    t0 = time.perf_counter()
+    jobs = str(max(1, min(4, os.cpu_count() or 1)))  # Colab's CPU runtime has 2 cores
+    cmd = [sys.executable, "-m", "beyondgrad.drift.child", "--fast", "--jobs", jobs,
+           "--timeout", str(timeout)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                          timeout=timeout * len(drift.probe_ids()) + 60)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise RuntimeError(f"the drift probes could not run: {tail[0]}")
+    seconds = time.perf_counter() - t0
+    version, diffs, n, outcomes = jax.__version__, [], 0, {}
+    for line in proc.stdout.splitlines():
+        rec = json.loads(line)
+        if "env" in rec:
+            version = rec["env"]["jax"]
+            continue
+        n += 1
+        yours = outcomes[rec["id"]] = drift.Outcome.from_dict(rec["outcome"])
+        book = drift.outcome(rec["id"], book_version)
+        if book is not None and not book.same_behaviour(yours, exact=False):
+            diffs.append(DriftDifference(rec["id"], drift.chapter(rec["id"]), book, yours))
+    order = {p: k for k, p in enumerate(drift.probe_ids())}
+    diffs.sort(key=lambda d: order[d.probe_id])
+    return DriftCheck(version, book_version, n, seconds, tuple(diffs), outcomes)

@@ -1,0 +1,227 @@
+"""What changed across JAX versions: the book's behaviours, probed on many JAX releases.
+
+A *probe* (:mod:`beyondgrad.drift.probes`) is a small program checking one behaviour a
+chapter teaches. ``python3 dev.py drift`` (maintainers) runs every probe under every
+JAX version of ``tools/drift.py``'s list, each in a fresh process, and records the
+outcomes in ``results.json`` next to this file (package data, so Colab has it too).
+This module reads that file::
+
+    from beyondgrad import drift
+    drift.outcome("seed000_split_unused_grad", "0.8.1").exc_class   # 'TypeError'
+    drift.first_version("seed001_linearize_transpose_no_cast", "raises")
+    print(drift.table(["seed001_linearize_transpose_no_cast"]))
+
+An :class:`Outcome` is ``returns`` (with a short ``value``), ``raises`` (exception
+class, first line of the message, innermost JAX frame ``file:line function`` and a
+short traceback), ``crash`` (segfault or timeout) or ``unavailable`` (the probe needs a
+package, e.g. folx, that does not install with that JAX). Importing this module
+imports no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from typing import Literal
+
+from beyondgrad.drift.probes import PROBES, ChapterRef, Probe
+
+__all__ = [
+    "KINDS",
+    "ChapterRef",
+    "Outcome",
+    "Probe",
+    "chapter",
+    "environment",
+    "first_version",
+    "outcome",
+    "probe",
+    "probe_ids",
+    "results_path",
+    "table",
+    "version_key",
+    "versions",
+]
+
+Kind = Literal["returns", "raises", "crash", "unavailable"]
+KINDS: tuple[str, ...] = ("returns", "raises", "crash", "unavailable")
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What one probe did on one JAX version."""
+
+    kind: Kind
+    value: str = ""  # returns: the short result
+    exc_class: str = (
+        ""  # raises: e.g. "TypeError", "jax.errors.ConcretizationTypeError"
+    )
+    message: str = ""  # raises: the message's first line (crash: what happened)
+    frame: str = ""  # raises: innermost JAX frame, "jax/_src/core.py:1809 get_aval"
+    traceback: str = ""  # raises: the last frames and the exception line (may be empty)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Outcome:
+        kind = data.get("kind")
+        if kind not in KINDS:
+            raise ValueError(f"outcome kind must be one of {KINDS}, got {kind!r}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: str(v) for k, v in data.items() if k in fields})  # type: ignore[arg-type]
+
+    def as_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    def same_behaviour(self, other: Outcome, *, exact: bool = True) -> bool:
+        """Same kind, value and exception class; with ``exact`` also message and frame.
+
+        ``exact=False`` is the comparison across versions (messages and line numbers
+        move between releases even when the behaviour is the same).
+        """
+        if not isinstance(other, Outcome):
+            raise TypeError(f"expected an Outcome, got {type(other).__name__}")
+        base = (self.kind, self.value, self.exc_class) == (
+            other.kind,
+            other.value,
+            other.exc_class,
+        )
+        if not exact:
+            return base
+        norm = lambda s: _HEX.sub("0x…", s)  # noqa: E731
+        return (
+            base
+            and norm(self.message) == norm(other.message)
+            and self.frame == other.frame
+        )
+
+    def short(self) -> str:
+        """One line: the value, or the exception class and message."""
+        if self.kind == "returns":
+            return f"returns {self.value}"
+        if self.kind == "raises":
+            return f"raises {self.exc_class}: {self.message}"
+        return f"{self.kind}: {self.message}"
+
+
+def results_path():
+    """The committed results file (``beyondgrad/drift/results.json``)."""
+    return resources.files("beyondgrad.drift").joinpath("results.json")
+
+
+@functools.cache
+def _data() -> dict:
+    path = results_path()
+    if not path.is_file():
+        return {"versions": {}, "results": {}}
+    return json.loads(path.read_text())
+
+
+def _reload() -> None:
+    """Forget the cached file (after the runner rewrote it)."""
+    _data.cache_clear()
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``"0.12.0.1"`` -> ``(0, 12, 0, 1)``; ``ValueError`` for anything else."""
+    if not isinstance(version, str):
+        raise TypeError(
+            f"a JAX version must be a str like '0.8.2', got {type(version).__name__}"
+        )
+    if not re.fullmatch(r"\d+(\.\d+){1,3}", version.strip()):
+        raise ValueError(
+            f"not a JAX release version: {version!r} (expected e.g. '0.8.2')"
+        )
+    return tuple(int(p) for p in version.strip().split("."))
+
+
+def _check_probe(probe_id: str) -> str:
+    if not isinstance(probe_id, str):
+        raise TypeError(f"probe_id must be a str, got {type(probe_id).__name__}")
+    if probe_id not in PROBES:
+        raise ValueError(
+            f"unknown probe id {probe_id!r}; see drift.probe_ids() for the "
+            f"{len(PROBES)} known ones"
+        )
+    return probe_id
+
+
+def probe_ids() -> list[str]:
+    """Every probe id, in the report's order."""
+    return list(PROBES)
+
+
+def probe(probe_id: str) -> Probe:
+    """The probe's definition: ``summary``, ``chapter``, ``fast`` and the program ``run``."""
+    return PROBES[_check_probe(probe_id)]
+
+
+def chapter(probe_id: str) -> ChapterRef:
+    """The chapter section that teaches the probe's behaviour (``doc`` and ``section``)."""
+    return probe(probe_id).chapter
+
+
+def versions() -> list[str]:
+    """The JAX versions with recorded results, oldest first."""
+    return sorted(_data()["versions"], key=version_key)
+
+
+def environment(version: str) -> dict[str, str]:
+    """Where a version's row was recorded: jax, jaxlib, python, platform, folx, date."""
+    version_key(version)
+    env = _data()["versions"].get(version)
+    if env is None:
+        raise ValueError(
+            f"no results recorded for JAX {version}; recorded: {versions()}"
+        )
+    return dict(env)
+
+
+def outcome(probe_id: str, version: str) -> Outcome | None:
+    """What ``probe_id`` did on JAX ``version`` (``None`` if that cell was not run)."""
+    _check_probe(probe_id)
+    version_key(version)
+    cell = _data()["results"].get(probe_id, {}).get(version)
+    return None if cell is None else Outcome.from_dict(cell)
+
+
+def first_version(probe_id: str, kind: str) -> str | None:
+    """The oldest recorded version where ``probe_id``'s outcome has this ``kind``."""
+    _check_probe(probe_id)
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    for v in versions():
+        got = outcome(probe_id, v)
+        if got is not None and got.kind == kind:
+            return v
+    return None
+
+
+def _cell(o: Outcome | None) -> str:
+    if o is None:
+        return "not run"
+    if o.kind == "returns":
+        text = f"✓ `{o.value}`" if len(o.value) <= 40 else "✓ returns"
+    elif o.kind == "raises":
+        text = f"✗ `{o.exc_class.rsplit('.', 1)[-1]}`"
+    else:
+        text = f"⚠ {o.kind}"
+    return text.replace("|", "\\|")
+
+
+def table(probe_ids: Iterable[str] | None = None) -> str:
+    """A Markdown table, probes × recorded versions, one short outcome per cell."""
+    if isinstance(probe_ids, str):
+        raise TypeError(
+            "probe_ids must be a list of ids, not one str; wrap it: [probe_id]"
+        )
+    ids = list(PROBES) if probe_ids is None else [_check_probe(p) for p in probe_ids]
+    vs = versions()
+    lines = ["| probe | " + " | ".join(vs) + " |", "|---|" + "---|" * len(vs)]
+    for pid in ids:
+        cells = [_cell(outcome(pid, v)) for v in vs]
+        lines.append(f"| `{pid}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,832 @@
+"""The version-drift probes: one small program per behaviour the book teaches.
+
+Each probe is a function of no arguments that imports JAX itself, runs one behaviour
+and returns a short string (the value the chapter relies on) or lets the exception
+escape. The child runner (:mod:`beyondgrad.drift.child`) turns either into an outcome.
+Probes run on every JAX from 0.6 to the newest, so API differences are guarded inside
+them (``jax.shard_map`` vs ``jax.experimental.shard_map``, ``check_vma`` vs
+``check_rep``, ``lax.pcast`` vs ``lax.pvary``) and nothing here imports
+``beyondgrad.compat`` (which supports only the book's range). They need 8 CPU devices,
+which the child runner asks for before JAX starts. Importing this module imports no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from functools import partial
+
+__all__ = ["PROBES", "ChapterRef", "Probe", "probe_ids"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChapterRef:
+    """Where the book teaches a probe's behaviour: the page and its section title."""
+
+    doc: str  # e.g. "chapters/02_linearize_transpose"
+    section: str  # the section's title as printed
+
+    def __str__(self) -> str:
+        return f"{self.doc} § {self.section}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One behaviour, the program that checks it, and the chapter that teaches it."""
+
+    id: str
+    run: Callable[[], str]
+    chapter: ChapterRef
+    summary: str
+    fast: bool = True  # part of the reader's quick check (runtime.check_my_jax)
+
+
+CH1 = "chapters/01_tracers"
+CH2 = "chapters/02_linearize_transpose"
+CH3 = "chapters/03_implicit_diff"
+CH4 = "chapters/04_shard_map_vma"
+CH5 = "chapters/05_laplacians"
+
+PROBES: dict[str, Probe] = {}
+
+
+def _probe(chapter: str, section: str, summary: str, fast: bool = True):
+    def register(fn: Callable[[], str]) -> Callable[[], str]:
+        pid = fn.__name__
+        if pid in PROBES:
+            raise ValueError(f"duplicate probe id {pid!r}")
+        PROBES[pid] = Probe(pid, fn, ChapterRef(chapter, section), summary, fast)
+        return fn
+
+    return register
+
+
+def probe_ids() -> list[str]:
+    """Every probe id, in the order the report shows them."""
+    return list(PROBES)
+
+
+# ----------------------------------------------------------------------------- helpers
+# Small and version-guarded; each probe stays readable on its own.
+
+
+def _short(x: object, limit: int = 160) -> str:
+    """A short, stable text for a result: arrays rounded to 4 decimals."""
+    import numpy as np
+
+    if isinstance(x, str):
+        text = x
+    elif isinstance(x, tuple | list):
+        text = "(" + ", ".join(_short(v, limit) for v in x) + ")"
+    else:
+        arr = np.asarray(x)
+        if arr.dtype.kind == "f":
+            arr = np.round(arr.astype(np.float64), 4) + 0.0  # + 0.0: no "-0."
+        text = np.array2string(arr, separator=", ", threshold=12)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _mesh(n: int = 8, names: tuple[str, ...] = ("data",)):
+    """A 1-D Auto mesh of the first ``n`` CPU devices (Mesh's default on every version)."""
+    import jax
+    import numpy as np
+
+    return jax.sharding.Mesh(np.array(jax.devices("cpu")[:n]), names)
+
+
+def _shard_map(f, mesh, in_specs, out_specs, check: bool = True):
+    """``jax.shard_map`` (0.7+) or ``jax.experimental.shard_map.shard_map``, checks on."""
+    import inspect
+
+    import jax
+
+    sm = getattr(jax, "shard_map", None)
+    if sm is None:
+        from jax.experimental.shard_map import shard_map as sm
+    params = inspect.signature(sm).parameters
+    flag = "check_vma" if "check_vma" in params else "check_rep"
+    return sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **{flag: check})
+
+
+def _cast_varying(x, axes: tuple[str, ...], required: bool = True):
+    """``lax.pcast(x, axes, to='varying')`` where it exists, else ``lax.pvary``.
+
+    Before 0.6 neither exists (no varying types): ``required=False`` returns ``x``.
+    """
+    from jax import lax
+
+    if hasattr(lax, "pcast"):
+        return lax.pcast(x, axes, to="varying")
+    if hasattr(lax, "pvary") or required:
+        return lax.pvary(x, axes)
+    return x
+
+
+def _typeof(x) -> str:
+    import jax
+
+    typeof = getattr(jax, "typeof", None)
+    if typeof is None:
+        from jax._src import core
+
+        typeof = core.get_aval
+    return str(typeof(x))
+
+
+def _P(*names):
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(*names)
+
+
+# ----------------------------------------------------------------------------- Chapter 1
+
+
+@_probe(CH1, "The error family", "jit(jnp.split) with a traced section count")
+def ch1_split_traced_sections() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    return _short(jax.jit(jnp.split)(jnp.arange(4.0), 2))
+
+
+@_probe(CH1, "The error family", "int() of an abstract tracer under jit")
+def ch1_int_of_tracer() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    return _short(jax.jit(lambda x: jnp.zeros(3) * int(x))(2.0))
+
+
+@_probe(CH1, "The error family", "range(n) with a traced n under jit")
+def ch1_range_of_tracer() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    def repeat_sin(x, n):
+        for _ in range(n):
+            x = jnp.sin(x)
+        return x
+
+    return _short(jax.jit(repeat_sin)(jnp.ones(3), 2))
+
+
+@_probe(CH1, "The error family", "a NumPy function applied to a tracer")
+def ch1_numpy_on_tracer() -> str:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    return _short(jax.jit(lambda x: np.sin(x))(jnp.ones(3)))
+
+
+@_probe(CH1, "The error family", "a tracer stored in a global and used after its trace")
+def ch1_escaped_tracer() -> str:
+    import jax
+
+    stash = []
+
+    @jax.jit
+    def remember(x):
+        stash.append(x)
+        return 2 * x
+
+    remember(1.0)
+    return _short(jax.jit(lambda y: y + stash[0])(1.0))
+
+
+@_probe(CH1, "The error family", "boolean-mask indexing x[x > 0] under jit")
+def ch1_boolean_mask_under_jit() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    return _short(jax.jit(lambda x: jnp.sum(x[x > 0]))(jnp.array([-1.0, 2.0, 3.0])))
+
+
+@_probe(CH1, "Python control flow on traced values", "Python if on a traced value")
+def ch1_if_on_tracer() -> str:
+    import jax
+
+    return _short(jax.jit(lambda x: x if x > 0 else -x)(1.0))
+
+
+@_probe(CH1, "The error family", "subclass relations of the concreteness errors")
+def ch1_error_hierarchy() -> str:
+    import jax
+
+    E = jax.errors
+    names = [
+        "TracerBoolConversionError",
+        "TracerIntegerConversionError",
+        "TracerArrayConversionError",
+        "NonConcreteBooleanIndexError",
+    ]
+    parts = []
+    for name in names:
+        cls = getattr(E, name, None)
+        if cls is None:
+            parts.append(f"{name}: absent")
+            continue
+        bases = [
+            b.__name__
+            for b in cls.__mro__[1:]
+            if b.__name__
+            not in (
+                "object",
+                "BaseException",
+                "Exception",
+                "JAXTypeError",
+                "JAXIndexError",
+            )
+        ]
+        parts.append(f"{name} < {','.join(bases)}")
+    return "; ".join(parts)
+
+
+@_probe(
+    CH1,
+    "Abstract and concrete values, as JAX works today",
+    "whether the ConcreteArray aval class still exists",
+)
+def ch1_concrete_array_class() -> str:
+    import jax
+    from jax._src import core
+
+    return (
+        f"jax.core.ConcreteArray={hasattr(jax.core, 'ConcreteArray')}, "
+        f"jax._src.core.ConcreteArray={hasattr(core, 'ConcreteArray')}"
+    )
+
+
+@_probe(
+    CH1,
+    "Reverse mode is linearize + transpose",
+    "grad of a pure_callback (no JVP rule)",
+)
+def ch1_pure_callback_grad() -> str:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def host_sin(x):
+        return jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    return _short(jax.grad(host_sin)(jnp.float32(1.0)))
+
+
+@_probe(CH1, "Reverse mode is linearize + transpose", "grad through lax.while_loop")
+def while_loop_reverse_mode() -> str:
+    import jax
+    from jax import lax
+
+    def double_until_big(x):
+        return lax.while_loop(lambda v: v < 10.0, lambda v: 2.0 * v, x)
+
+    lin = jax.linearize(double_until_big, 1.5)[1](1.0)  # forward half works
+    return _short((lin, jax.grad(double_until_big)(1.5)))
+
+
+@_probe(
+    CH1,
+    "Reverse mode is linearize + transpose",
+    "jit(grad) of fori_loop with a traced trip count",
+)
+def fori_loop_traced_bounds_grad() -> str:
+    import jax
+    from jax import lax
+
+    def repeat_double(x, n):
+        return lax.fori_loop(0, n, lambda i, v: 2.0 * v, x)
+
+    return _short(jax.jit(jax.grad(repeat_double))(1.0, 3))
+
+
+# ----------------------------------------------------------------------------- Chapter 2
+
+
+@_probe(
+    CH2, "How JAX does it today", "tracer class seen under grad, vjp, linearize, jvp"
+)
+def ch2_tracer_classes() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    def name(transform):
+        seen = []
+
+        def g(z):
+            seen.append(type(z).__name__)
+            return jnp.sin(z)
+
+        transform(g)
+        return seen[0]
+
+    return ", ".join(
+        [
+            "grad=" + name(lambda g: jax.grad(g)(1.0)),
+            "vjp=" + name(lambda g: jax.vjp(g, 1.0)),
+            "linearize=" + name(lambda g: jax.linearize(g, 1.0)),
+            "jvp=" + name(lambda g: jax.jvp(g, (1.0,), (1.0,))),
+        ]
+    )
+
+
+@_probe(
+    CH2,
+    "How JAX does it today",
+    "the jax_use_direct_linearize option and whether it is obeyed",
+)
+def ch2_direct_linearize_option() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    if "jax_use_direct_linearize" not in jax.config.values:
+        return "absent"
+
+    def grad_tracer(flag):
+        seen = []
+
+        def g(z):
+            seen.append(type(z).__name__)
+            return jnp.sin(z)
+
+        old = jax.config.values["jax_use_direct_linearize"]
+        jax.config.update("jax_use_direct_linearize", flag)
+        try:
+            jax.grad(g)(1.0)
+        finally:
+            jax.config.update("jax_use_direct_linearize", old)
+        return seen[0]
+
+    return f"present: on={grad_tracer(True)}, off={grad_tracer(False)}"
+
+
+def _seed001(cast: bool) -> str:
+    import jax
+    import jax.numpy as jnp
+
+    def mean_square(z):
+        return jnp.mean(z**2)
+
+    def pull_back(p, t):
+        if cast:
+            p = _cast_varying(p, ("data",))
+        _, lin = jax.linearize(mean_square, p)
+        return jax.linear_transpose(lin, p)(lin(t))[0]
+
+    p, t = jnp.array([1.5]), jnp.arange(1.0, 9.0)
+    out = _shard_map(partial(pull_back, p), _mesh(), _P("data"), _P("data"))(t)
+    return _short(out)
+
+
+@_probe(
+    CH2,
+    "The `shard_map` case: primal and tangent must vary alike",
+    "jax#28260: linearize at a closed-over primal, transpose, on a sharded tangent",
+)
+def seed001_linearize_transpose_no_cast() -> str:
+    return _seed001(cast=False)
+
+
+@_probe(
+    CH2,
+    "The `shard_map` case: primal and tangent must vary alike",
+    "jax#28260 fixed by casting the primal to varying (pcast, or pvary where older)",
+)
+def seed001_linearize_transpose_with_cast() -> str:
+    return _seed001(cast=True)
+
+
+# ----------------------------------------------------------------------------- Chapter 3
+
+
+@_probe(
+    CH3,
+    "How the API got its shape",
+    "jax#1448: custom_root whose solve closes over traced values, under jit and grad",
+)
+def seed002_custom_root_closure_jit() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def linear_solve(a, b):
+        f = lambda y: a @ y - b
+        x_direct = jnp.linalg.solve(a, b)
+        return lax.custom_root(
+            f,
+            jnp.zeros_like(b),
+            lambda f, x0: x_direct,
+            lambda g, y: jnp.linalg.solve(jax.jacobian(g)(y), y),
+        )
+
+    a, b = jnp.array([[2.0, 1.0], [1.0, 3.0]]), jnp.ones(2)
+    sol = jax.jit(linear_solve)(a, b)
+    grad = jax.jit(jax.grad(lambda a: linear_solve(a, b).sum()))(a)
+    return _short((sol, grad))
+
+
+@_probe(
+    CH3,
+    "Diagnostics through `has_aux`",
+    "an int32 aux output of custom_root(has_aux=True) under jvp and grad",
+)
+def custom_root_int_aux() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def kepler(M, e=0.3, tol=1e-6):
+        F = lambda E: E - M - e * jnp.sin(E)
+
+        def solve(F, E0):
+            go = lambda s: (jnp.abs(F(s[0])) > tol) & (s[1] < 100)
+            E, k = lax.while_loop(go, lambda s: (s[0] - F(s[0]), s[1] + 1), (E0, 0))
+            return E, k.astype(jnp.int32)
+
+        return lax.custom_root(
+            F, jnp.asarray(M, float), solve, lambda g, y: y / g(1.0), has_aux=True
+        )
+
+    (_, _), (dE_jvp, _) = jax.jvp(kepler, (1.0,), (1.0,))
+    dE, count = jax.grad(kepler, has_aux=True)(1.0)
+    return _short((dE_jvp, dE, count))
+
+
+@_probe(
+    CH3,
+    "A deep-equilibrium layer",
+    "jax_threefry_partitionable's default, the context manager, and a key's draws",
+)
+def threefry_partitionable_default() -> str:
+    import jax
+    from jax import random
+
+    flag = jax.config.values.get("jax_threefry_partitionable", "absent")
+    has_cm = hasattr(jax, "threefry_partitionable")
+    draw = random.normal(random.PRNGKey(1), (2,))
+    return f"default={flag}; jax.threefry_partitionable={has_cm}; normal(key 1)={_short(draw)}"
+
+
+# ----------------------------------------------------------------------------- Chapter 4
+
+
+@_probe(
+    CH4, "4.2 Explicit and Auto mesh axes", "axis types of jax.make_mesh by default"
+)
+def make_mesh_default_axis_types() -> str:
+    import jax
+
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
+    return str(tuple(str(t) for t in getattr(mesh, "axis_types", ("(no axis_types)",))))
+
+
+@_probe(
+    CH4, "4.2 Explicit and Auto mesh axes", "shard_map on an Auto mesh without in_specs"
+)
+def shard_map_omitted_in_specs() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    sm = getattr(jax, "shard_map", None)
+    if sm is None:
+        from jax.experimental.shard_map import shard_map as sm
+    out = sm(lambda a: 2 * a, mesh=_mesh(), out_specs=_P("data"))(jnp.arange(8.0))
+    return _short(out)
+
+
+@_probe(
+    CH4,
+    "4.2 Explicit and Auto mesh axes",
+    "in_specs=P('data') for a replicated argument on an Explicit mesh",
+)
+def shard_map_explicit_mismatch() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding
+
+    mesh = jax.make_mesh(
+        (8,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices("cpu")[:8]
+    )
+    x_rep = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, _P()))
+    out = _shard_map(lambda a: 2 * a, mesh, _P("data"), _P("data"))(x_rep)
+    return f"{_typeof(out)} sum {_short(jnp.sum(out))}"
+
+
+@_probe(
+    CH4,
+    "4.2 Explicit and Auto mesh axes",
+    "eager grad of a shard_map on a default jax.make_mesh mesh, no jax.set_mesh",
+)
+def shard_map_eager_grad_no_set_mesh() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
+    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
+    return _short(jax.grad(f)(jnp.arange(8.0)))
+
+
+@_probe(
+    CH4,
+    "4.2 Explicit and Auto mesh axes",
+    "the same eager grad, argument put as P('data'), inside `with jax.set_mesh(mesh)`",
+)
+def shard_map_eager_grad_with_set_mesh() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
+    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, _P("data")))
+    with jax.set_mesh(mesh):
+        return _short(jax.grad(f)(x))
+
+
+@_probe(
+    CH4,
+    "4.2 Explicit and Auto mesh axes",
+    "the same eager grad with the argument put on the mesh as P('data') first",
+)
+def shard_map_eager_grad_sharded_input() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
+    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, _P("data")))
+    return _short(jax.grad(f)(x))
+
+
+@_probe(
+    CH4,
+    "4.3 The type: varying or invariant",
+    "where the varying axes of a type live: aval.vma or aval.manual_axis_type",
+)
+def aval_varying_axes_field() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    seen = {}
+
+    def look(a):
+        typeof = getattr(jax, "typeof", None)
+        aval = typeof(a) if typeof else a.aval
+        vma = getattr(aval, "vma", None)
+        mat = getattr(aval, "manual_axis_type", None)
+        seen["vma"] = "absent" if vma is None else str(sorted(vma))
+        seen["mat"] = (
+            "absent"
+            if mat is None
+            else f"varying={sorted(getattr(mat, 'varying', ()))}"
+        )
+        seen["type"] = str(aval)
+        return a
+
+    _shard_map(look, _mesh(), _P("data"), _P("data"))(jnp.arange(8.0))
+    return f"type {seen['type']}; vma {seen['vma']}; manual_axis_type {seen['mat']}"
+
+
+def _cast_type(cast) -> str:
+    import jax.numpy as jnp
+
+    seen = []
+
+    def body(w):
+        v = cast(w)
+        seen.append(_typeof(v))
+        return v
+
+    _shard_map(body, _mesh(), _P(), _P("data"))(jnp.arange(2.0))
+    return f"{seen[0]}"
+
+
+@_probe(CH4, "4.5 Casting by hand", "lax.pvary(x, axes) exists and casts to varying")
+def api_lax_pvary() -> str:
+    from jax import lax
+
+    return _cast_type(lambda w: lax.pvary(w, ("data",)))
+
+
+@_probe(CH4, "4.5 Casting by hand", "lax.pcast(x, axes, to='varying') exists and casts")
+def api_lax_pcast() -> str:
+    from jax import lax
+
+    return _cast_type(lambda w: lax.pcast(w, ("data",), to="varying"))
+
+
+@_probe(CH4, "4.5 Casting by hand", "casting to varying a value that already varies")
+def pcast_already_varying() -> str:
+    import jax.numpy as jnp
+
+    out = _shard_map(
+        lambda a: _cast_varying(a, ("data",)), _mesh(), _P("data"), _P("data")
+    )(jnp.arange(8.0))
+    return _short(out)
+
+
+@_probe(CH4, "4.4 Collectives change the type", "out_specs=P() for a varying result")
+def out_specs_invariant_claim() -> str:
+    import jax.numpy as jnp
+
+    return _short(
+        _shard_map(lambda a: 2 * a, _mesh(), _P("data"), _P())(jnp.arange(8.0))
+    )
+
+
+@_probe(
+    CH4, "4.4 Collectives change the type", "psum of an invariant value over 8 devices"
+)
+def psum_of_invariant() -> str:
+    import jax.numpy as jnp
+    from jax import lax
+
+    return _short(
+        _shard_map(lambda w: lax.psum(w, "data"), _mesh(), _P(), _P())(jnp.ones(3))
+    )
+
+
+@_probe(
+    CH4,
+    "4.4 Collectives change the type",
+    "the to= values lax.all_gather accepts, and the result type on an Auto mesh",
+)
+def all_gather_to_values() -> str:
+    import inspect
+
+    import jax.numpy as jnp
+    from jax import lax
+
+    if "to" not in inspect.signature(lax.all_gather).parameters:
+        return "no to= parameter"
+    parts = []
+    for to in ("varying", "invarying", "invariant", "reduced"):
+        seen = []
+
+        def body(a, to=to, seen=seen):
+            g = lax.all_gather(a, "data", to=to)
+            seen.append(_typeof(g))
+            return a
+
+        try:
+            _shard_map(body, _mesh(), _P("data"), _P("data"))(jnp.arange(8.0))
+        except Exception as e:  # the answer is which values are refused
+            if "unexpected `to` value" in str(e):
+                seen.append("rejected")
+            elif not seen:  # accepted, but not for this (Auto-mesh, varying) input
+                seen.append(f"accepted, then {type(e).__name__}")
+        parts.append(f"{to}: {seen[0]}")
+    return "; ".join(parts)
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp at an invariant primal with a varying tangent, out_specs=P()",
+)
+def jvp_varying_tangent_hole() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    p0 = jnp.array([0.5])
+    seen = []
+
+    def tangent(t):
+        out = jax.jvp(jnp.sin, (p0,), (t,))[1]
+        seen.append(_typeof(out))
+        return out
+
+    out = _shard_map(tangent, _mesh(), _P("data"), _P())(jnp.arange(1.0, 9.0))
+    return f"tangent type {seen[0]}; returned {_short(out)}"
+
+
+@_probe(
+    CH4, "4.7 Loop carries", "fori_loop carry from invariant zeros plus a varying value"
+)
+def loop_carry_invariant_init() -> str:
+    import jax.numpy as jnp
+    from jax import lax
+
+    def accumulate(xb):
+        return lax.fori_loop(0, 3, lambda k, acc: acc + xb, jnp.zeros(xb.shape))
+
+    return _short(
+        _shard_map(accumulate, _mesh(), _P("data"), _P("data"))(jnp.arange(8.0))
+    )
+
+
+# ----------------------------------------------------------------------------- Chapter 5
+
+
+@_probe(
+    CH5,
+    "5.5 Inside shard_map, with gradients: the seed",
+    "jax#33947: grad inside shard_map (check_vma) of a function that splits and "
+    "drops a piece",
+)
+def seed000_split_unused_grad() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    def f(x):
+        used, _unused = jnp.split(x, 2)
+        return jnp.sum(jnp.sin(used))
+
+    out = _shard_map(jax.grad(f), _mesh(), _P("data"), _P("data"))(jnp.arange(16.0))
+    return _short(out)
+
+
+#: The folx release of the seed's report era (folx#40 was fixed in 0.2.28; 0.2.27 was
+#: never published). The runner installs it apart from the environment's own folx and
+#: names the directory in this variable; without it the probe is "unavailable".
+FOLX_OLD = "0.2.26"
+FOLX_OLD_ENV = "BEYONDGRAD_DRIFT_FOLX_OLD"
+
+
+def _folx_seed(old: bool) -> str:
+    import os
+    import sys
+
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    if old:
+        where = os.environ.get(FOLX_OLD_ENV, "")
+        if not where or not os.path.isdir(where):
+            raise ModuleNotFoundError(
+                f"folx {FOLX_OLD} is not installed apart (set {FOLX_OLD_ENV})"
+            )
+        sys.path.insert(0, where)
+    try:
+        from importlib.metadata import version
+
+        import folx
+
+        folx_version = version("folx")
+    except ImportError as e:  # recorded as "unavailable" by the child runner
+        raise ModuleNotFoundError(f"folx is not installed: {e}") from None
+
+    def log_psi(w, x):  # x: 3 coordinates -> a 3x3 matrix
+        m = jnp.tanh(jnp.outer(x, w)) + jnp.eye(3)
+        return jnp.linalg.slogdet(m)[1]
+
+    def local_energy(w, x):
+        res = folx.forward_laplacian(lambda y: log_psi(w, y))(x)
+        return res.laplacian + jnp.sum(res.jacobian.dense_array**2)
+
+    def per_device(w, xs):
+        w = _cast_varying(w, ("data",), required=False)
+        g = jax.grad(lambda w: jnp.mean(jax.vmap(lambda x: local_energy(w, x))(xs)))(w)
+        return lax.pmean(g, "data")
+
+    w = jnp.array([0.3, -0.2, 0.5])
+    xs = jnp.linspace(-1.0, 1.0, 24).reshape(8, 3)
+    out = _shard_map(per_device, _mesh(), (_P(), _P("data")), _P())(w, xs)
+    return f"folx {folx_version}: {_short(out)}"
+
+
+@_probe(
+    CH5,
+    "5.5 Inside shard_map, with gradients: the seed",
+    "folx#40: grad of a folx forward Laplacian of slogdet inside shard_map "
+    "(the newest folx that installs with this JAX)",
+    fast=False,
+)
+def seed000_folx_slogdet_grad() -> str:
+    return _folx_seed(old=False)
+
+
+@_probe(
+    CH5,
+    "5.5 Inside shard_map, with gradients: the seed",
+    f"folx#40 as reported: the same program with folx {FOLX_OLD}",
+    fast=False,
+)
+def seed000_folx_old_slogdet_grad() -> str:
+    return _folx_seed(old=True)
+
+
+@_probe(
+    CH5,
+    "5.5 Inside shard_map, with gradients: the seed",
+    "Hessian-vector product at a varying primal fed an invariant jnp.eye row",
+)
+def ch5_hand_built_basis() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    def kinetic(x):
+        g, hvp = jax.linearize(jax.grad(lambda v: jnp.sum(jnp.sin(v) ** 2)), x)
+        eye = jnp.eye(g.shape[0], dtype=g.dtype)
+        return hvp(eye[0])
+
+    return _short(
+        _shard_map(kinetic, _mesh(), _P("data"), _P("data"))(jnp.arange(16.0))
+    )
