@@ -28,9 +28,18 @@ runtime.ensure_cpu_devices(8)
 
 RTOL = 1e-10
 NAMES = [
-    "loop_laplacian", "vmap_laplacian", "fl_affine", "fl_tanh", "orbital_derivatives",
-    "row_formula", "local_energy", "vmc_energy_and_grad", "direct_energy_and_grad",
-    "sharded_loop_laplacian", "sharded_vmc_step", "loop_laplacian_cast_basis",
+    "loop_laplacian",
+    "vmap_laplacian",
+    "fl_affine",
+    "fl_tanh",
+    "orbital_derivatives",
+    "row_formula",
+    "local_energy",
+    "vmc_energy_and_grad",
+    "direct_energy_and_grad",
+    "sharded_loop_laplacian",
+    "sharded_vmc_step",
+    "loop_laplacian_cast_basis",
 ]
 
 
@@ -41,13 +50,22 @@ def chapter() -> dict:
     cells = re.findall(r"```\{code-cell\} ipython3\n(.*?)```", text, re.S)
     defs = {}
     for cell in cells:
-        source = "\n".join(line for line in cell.splitlines() if not line.startswith(":"))
+        source = "\n".join(
+            line for line in cell.splitlines() if not line.startswith(":")
+        )
         for node in ast.parse(source).body:
             if isinstance(node, ast.FunctionDef) and node.name in NAMES:
                 defs[node.name] = ast.get_source_segment(source, node)
     missing = sorted(set(NAMES) - set(defs))
     assert not missing, f"the chapter no longer defines {missing}"
-    ns = {"jax": jax, "jnp": jnp, "lax": lax, "slater": slater, "functools": functools, "P": P}
+    ns = {
+        "jax": jax,
+        "jnp": jnp,
+        "lax": lax,
+        "slater": slater,
+        "functools": functools,
+        "P": P,
+    }
     ns["batch_log_psi"] = jax.vmap(slater.mlp_log_psi, in_axes=(None, 0))
     for name in NAMES:  # definition order: local_energy's default needs loop_laplacian
         exec(defs[name], ns)
@@ -56,8 +74,13 @@ def chapter() -> dict:
 
 def rel(a, b) -> float:
     leaves = zip(jax.tree.leaves(a), jax.tree.leaves(b))
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))) / np.max(np.abs(np.asarray(y))))
-               for x, y in leaves)
+    return max(
+        float(
+            np.max(np.abs(np.asarray(x) - np.asarray(y)))
+            / np.max(np.abs(np.asarray(y)))
+        )
+        for x, y in leaves
+    )
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +113,9 @@ def test_forward_laplacian_rules_match_the_hessian_trace():
         w2 = jax.random.normal(k3, (16, 2), jnp.float64)
         x = jnp.linspace(-1.0, 1.0, 6)
         start = (x, jnp.eye(6), jnp.zeros(6))
-        value, grad, lap = ns["fl_affine"](ns["fl_tanh"](ns["fl_affine"](start, w1, b1)), w2, jnp.zeros(2))
+        value, grad, lap = ns["fl_affine"](
+            ns["fl_tanh"](ns["fl_affine"](start, w1, b1)), w2, jnp.zeros(2)
+        )
         mlp = lambda v: jnp.tanh(v @ w1 + b1) @ w2  # noqa: E731
         assert rel(value, mlp(x)) < RTOL
         assert rel(grad, jax.jacfwd(mlp)(x).T) < RTOL
@@ -105,7 +130,10 @@ def test_row_formula_matches_the_package(case):
         mine = ns["orbital_derivatives"](orbitals, walkers[0])
         theirs = slater.orbital_derivatives(orbitals, walkers[0])
         assert rel(mine, theirs) < RTOL
-        assert rel(ns["row_formula"](*mine), slater.slater_laplacian(orbitals, walkers[0])) < RTOL
+        assert (
+            rel(ns["row_formula"](*mine), slater.slater_laplacian(orbitals, walkers[0]))
+            < RTOL
+        )
 
 
 @pytest.mark.parametrize("estimator", ["vmc", "direct"])
@@ -115,8 +143,9 @@ def test_energy_and_gradient_match_the_package(case, estimator):
     fn = ns[f"{estimator}_energy_and_grad"]
     with jax.enable_x64(True):
         mine = jax.jit(fn)(params, walkers)
-        theirs = slater.energy_and_grad(slater.mlp_log_psi, params, walkers, method="loop",
-                                        estimator=estimator)
+        theirs = slater.energy_and_grad(
+            slater.mlp_log_psi, params, walkers, method="loop", estimator=estimator
+        )
         assert rel(mine, theirs) < RTOL
 
 
@@ -125,12 +154,21 @@ def test_sharded_step_matches_one_device_and_the_package(case):
     ns = chapter()
     ns["count"] = walkers.shape[0]
     mesh = runtime.demo_mesh(8, "data")
-    step = jax.jit(jax.shard_map(ns["sharded_vmc_step"], mesh=mesh, in_specs=(P(), P("data")),
-                                 out_specs=(P(), P()), check_vma=True))
+    step = jax.jit(
+        jax.shard_map(
+            ns["sharded_vmc_step"],
+            mesh=mesh,
+            in_specs=(P(), P("data")),
+            out_specs=(P(), P()),
+            check_vma=True,
+        )
+    )
     with jax.enable_x64(True):
         mine = step(params, walkers)
         one = jax.jit(ns["vmc_energy_and_grad"])(params, walkers)
-        theirs = slater.sharded_energy_and_grad(slater.mlp_log_psi, params, walkers, mesh, method="loop")
+        theirs = slater.sharded_energy_and_grad(
+            slater.mlp_log_psi, params, walkers, mesh, method="loop"
+        )
         assert rel(mine, one) < RTOL
         assert rel(mine, theirs) < RTOL
 
@@ -146,6 +184,10 @@ def test_the_cast_basis_alone_still_fails_in_shard_map(case):
         g, lap = ns["loop_laplacian_cast_basis"](f, x.reshape(-1))
         return lap + g @ g
 
-    run = jax.shard_map(jax.vmap(kinetic), mesh=mesh, in_specs=P("data"), out_specs=P("data"))
-    with pytest.raises(TypeError, match="carry input and carry output must have equal types"):
+    run = jax.shard_map(
+        jax.vmap(kinetic), mesh=mesh, in_specs=P("data"), out_specs=P("data")
+    )
+    with pytest.raises(
+        TypeError, match="carry input and carry output must have equal types"
+    ):
         jax.jit(run)(walkers)

@@ -51,7 +51,7 @@ def fl_cross_once(a, b):
 
 
 def fl_half_gradient(a, b):
-    (u, gu, lu), (v, gv, lv) = a, b
+    (_, gu, _), (v, _, _) = a, b
     return fl_multiply(a, b)[0], gu * v, fl_multiply(a, b)[2]
 
 
@@ -68,7 +68,9 @@ def test_fl_solution_error_is_far_below_the_tolerance():
         for a, b, want in ch5._fl_cases():
             for got, ref in zip(fl_multiply(a, b), want):
                 ref = np.asarray(ref)
-                worst = max(worst, float(np.max(np.abs(np.asarray(got) - ref) / np.abs(ref))))
+                worst = max(
+                    worst, float(np.max(np.abs(np.asarray(got) - ref) / np.abs(ref)))
+                )
     assert worst < 1e-12, worst
 
 
@@ -101,16 +103,38 @@ FL_BAD = [
     ("stub", stub, "not attempted yet"),
     ("value-not-function", jnp.ones(3), "you passed a value (ArrayImpl of shape (3,))"),
     ("raises", raises_inside, "your function raised ValueError: shapes do not line up"),
-    ("nan", _fl_modify(2, lambda l: l.at[1].set(jnp.nan)), "whose nan/inf does not match"),
-    ("inf", _fl_modify(0, lambda u: u.at[0].set(jnp.inf)), "whose nan/inf does not match"),
-    ("wrong-shape", _fl_modify(1, lambda g: g.T), "the gradient has shape (4, 5), expected (5, 4)"),
-    ("wrong-dtype", _fl_modify(2, lambda l: l.astype(jnp.int32)), "expected a floating dtype"),
-    ("python-scalar", _fl_modify(2, lambda l: 1.0), "is a Python float, expected an array"),
+    (
+        "nan",
+        _fl_modify(2, lambda lap: lap.at[1].set(jnp.nan)),
+        "whose nan/inf does not match",
+    ),
+    (
+        "inf",
+        _fl_modify(0, lambda u: u.at[0].set(jnp.inf)),
+        "whose nan/inf does not match",
+    ),
+    (
+        "wrong-shape",
+        _fl_modify(1, lambda g: g.T),
+        "the gradient has shape (4, 5), expected (5, 4)",
+    ),
+    (
+        "wrong-dtype",
+        _fl_modify(2, lambda lap: lap.astype(jnp.int32)),
+        "expected a floating dtype",
+    ),
+    (
+        "python-scalar",
+        _fl_modify(2, lambda lap: 1.0),
+        "is a Python float, expected an array",
+    ),
     ("not-a-triple", lambda a, b: fl_multiply(a, b)[:2], "return a triple"),
 ]
 
 
-@pytest.mark.parametrize("answer, expected", [c[1:] for c in FL_BAD], ids=[c[0] for c in FL_BAD])
+@pytest.mark.parametrize(
+    "answer, expected", [c[1:] for c in FL_BAD], ids=[c[0] for c in FL_BAD]
+)
 def test_fl_bad_inputs_each_get_their_message(answer, expected):
     fb = ch5.check_fl_multiply(answer)
     assert not fb.passed
@@ -135,7 +159,9 @@ def row_second(a, i, u):
 
 
 def row_by_autodiff(a, i, u):
-    along = lambda t: jnp.linalg.slogdet(a + t * jnp.zeros_like(a).at[i].set(u)).logabsdet  # noqa: E731
+    along = lambda t: (
+        jnp.linalg.slogdet(a + t * jnp.zeros_like(a).at[i].set(u)).logabsdet
+    )  # noqa: E731
     return jax.grad(jax.grad(along))(jnp.zeros((), a.dtype))
 
 
@@ -148,7 +174,10 @@ def test_row_right_answers_pass_any_method_is_accepted():
 
 def test_row_solution_error_is_far_below_the_tolerance():
     with jax.enable_x64(True):
-        rel = [abs(float(row_second(a, i, u) - want) / float(want)) for a, i, u, want in ch5._row_cases()]
+        rel = [
+            abs(float(row_second(a, i, u) - want) / float(want))
+            for a, i, u, want in ch5._row_cases()
+        ]
     assert max(rel) < 1e-12, rel
 
 
@@ -156,8 +185,14 @@ def test_row_solution_error_is_far_below_the_tolerance():
     "answer, expected",
     [
         (lambda a, i, u: -row_second(a, i, u), "the sign is flipped"),
-        (lambda a, i, u: -((u @ jnp.linalg.inv(a)[i]) ** 2), "you used row i of A^{-1}; the formula needs column i"),
-        (lambda a, i, u: 0.5 * row_second(a, i, u), "for n = 3, row 0: answer differs from the reference"),
+        (
+            lambda a, i, u: -((u @ jnp.linalg.inv(a)[i]) ** 2),
+            "you used row i of A^{-1}; the formula needs column i",
+        ),
+        (
+            lambda a, i, u: 0.5 * row_second(a, i, u),
+            "for n = 3, row 0: answer differs from the reference",
+        ),
     ],
     ids=["sign", "row-not-column", "factor-half"],
 )
@@ -171,15 +206,37 @@ ROW_BAD = [
     ("stub", stub, "not attempted yet"),
     ("value-not-function", 3.0, "you passed a value (float)"),
     ("raises", raises_inside, "your function raised ValueError: shapes do not line up"),
-    ("nan", lambda a, i, u: jnp.asarray(jnp.nan, a.dtype), "whose nan/inf does not match"),
-    ("inf", lambda a, i, u: jnp.asarray(-jnp.inf, a.dtype), "whose nan/inf does not match"),
-    ("wrong-shape", lambda a, i, u: row_second(a, i, u)[None], "has shape (1,), expected ()"),
-    ("wrong-dtype", lambda a, i, u: row_second(a, i, u).astype(jnp.int32), "expected a floating dtype"),
-    ("python-scalar", lambda a, i, u: float(row_second(a, i, u)), "is a Python float, expected an array"),
+    (
+        "nan",
+        lambda a, i, u: jnp.asarray(jnp.nan, a.dtype),
+        "whose nan/inf does not match",
+    ),
+    (
+        "inf",
+        lambda a, i, u: jnp.asarray(-jnp.inf, a.dtype),
+        "whose nan/inf does not match",
+    ),
+    (
+        "wrong-shape",
+        lambda a, i, u: row_second(a, i, u)[None],
+        "has shape (1,), expected ()",
+    ),
+    (
+        "wrong-dtype",
+        lambda a, i, u: row_second(a, i, u).astype(jnp.int32),
+        "expected a floating dtype",
+    ),
+    (
+        "python-scalar",
+        lambda a, i, u: float(row_second(a, i, u)),
+        "is a Python float, expected an array",
+    ),
 ]
 
 
-@pytest.mark.parametrize("answer, expected", [c[1:] for c in ROW_BAD], ids=[c[0] for c in ROW_BAD])
+@pytest.mark.parametrize(
+    "answer, expected", [c[1:] for c in ROW_BAD], ids=[c[0] for c in ROW_BAD]
+)
 def test_row_bad_inputs_each_get_their_message(answer, expected):
     fb = ch5.check_row_update_second_derivative(answer)
     assert not fb.passed
@@ -202,7 +259,9 @@ def _kinetic(p, x, *, cast=True):
 def sharded_step(params, walkers):
     def mean(p):
         local = jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers)
-        return lax.psum(jnp.sum(local), "data") / (walkers.shape[0] * lax.axis_size("data"))
+        return lax.psum(jnp.sum(local), "data") / (
+            walkers.shape[0] * lax.axis_size("data")
+        )
 
     return jax.value_and_grad(mean)(params)
 
@@ -218,7 +277,10 @@ def loop_step(params, walkers):
         return -0.5 * (lax.fori_loop(0, g.shape[0], body, jnp.zeros_like(g[0])) + g @ g)
 
     def mean(p):
-        return lax.psum(jnp.sum(jax.vmap(kinetic, in_axes=(None, 0))(p, walkers)), "data") / 16
+        return (
+            lax.psum(jnp.sum(jax.vmap(kinetic, in_axes=(None, 0))(p, walkers)), "data")
+            / 16
+        )
 
     return jax.value_and_grad(mean)(params)
 
@@ -232,7 +294,9 @@ def pmean_of_grad(params, walkers):
 
 def psum_of_means(params, walkers):
     def mean(p):
-        return lax.psum(jnp.mean(jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers)), "data")
+        return lax.psum(
+            jnp.mean(jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers)), "data"
+        )
 
     return jax.value_and_grad(mean)(params)
 
@@ -247,15 +311,23 @@ def test_sharded_right_answers_pass():
 def test_sharded_near_misses():
     fb = ch5.check_sharded_kinetic_step(pmean_of_grad)
     assert not fb.passed
-    assert "your gradient is +8 x the single-device gradient (8 devices): the device-count bug" in text(fb)
+    assert (
+        "your gradient is +8 x the single-device gradient (8 devices): the device-count bug"
+        in text(fb)
+    )
     fb = ch5.check_sharded_kinetic_step(psum_of_means)
-    assert "your energy is +8 x the mean over all 16 walkers: divide the psum" in text(fb)
+    assert "your energy is +8 x the mean over all 16 walkers: divide the psum" in text(
+        fb
+    )
 
 
 def test_sharded_uncast_basis_keeps_jax_hint_and_names_the_mesh():
     fb = ch5.check_sharded_kinetic_step(_uncast)
     out = text(fb)
-    assert "your step inside shard_map raised ValueError: linearized function called on tangent values" in out
+    assert (
+        "your step inside shard_map raised ValueError: linearized function called on tangent values"
+        in out
+    )
     assert "pcast(..., ('data',), to='varying')" in out  # JAX's own hint survives
     assert "one axis named 'data'" in out
 
@@ -282,18 +354,32 @@ SHARD_BAD = [
         lambda p, w: (jnp.sum(w), p),
         "both outputs must be invariant",
     ),
-    ("nan", lambda p, w: (jnp.float64(jnp.nan) * jnp.ones(()), sharded_step(p, w)[1]), "nan/inf"),
-    ("not-a-pair", lambda p, w: (sharded_step(p, w)[0],), "return a pair (mean kinetic energy, gradient)"),
+    (
+        "nan",
+        lambda p, w: (jnp.float64(jnp.nan) * jnp.ones(()), sharded_step(p, w)[1]),
+        "nan/inf",
+    ),
+    (
+        "not-a-pair",
+        lambda p, w: (sharded_step(p, w)[0],),
+        "return a pair (mean kinetic energy, gradient)",
+    ),
     (
         "wrong-dtype",
         lambda p, w: (sharded_step(p, w)[0].astype(jnp.int32), sharded_step(p, w)[1]),
         "the energy has dtype int32",
     ),
-    ("wrong-shape", lambda p, w: (sharded_step(p, w)[0][None], sharded_step(p, w)[1]), "has shape (1,)"),
+    (
+        "wrong-shape",
+        lambda p, w: (sharded_step(p, w)[0][None], sharded_step(p, w)[1]),
+        "has shape (1,)",
+    ),
 ]
 
 
-@pytest.mark.parametrize("answer, expected", [c[1:] for c in SHARD_BAD], ids=[c[0] for c in SHARD_BAD])
+@pytest.mark.parametrize(
+    "answer, expected", [c[1:] for c in SHARD_BAD], ids=[c[0] for c in SHARD_BAD]
+)
 def test_sharded_bad_inputs_each_get_their_message(answer, expected):
     fb = ch5.check_sharded_kinetic_step(answer)
     assert not fb.passed

@@ -12,19 +12,38 @@ from beyondgrad.figures import ch5 as figs
 
 matplotlib.use("Agg")
 
-PROFILE = {2: {"sample_variance": 4.0, "laplacian": -2.0}, 4: {"sample_variance": 9.0, "laplacian": 3.0}}
+PROFILE = {
+    2: {"sample_variance": 4.0, "laplacian": -2.0},
+    4: {"sample_variance": 9.0, "laplacian": 3.0},
+}
 
 
 def record(**changes):
     """A record with the benchmark's schema; its numbers are test data, not measurements."""
     rows = [
-        {"family": fam, "n": n, "method": m, "min_ms": 1.0, "median_ms": 1.5,
-         "ratio_log_psi": r * n, "ratio_folx_best": None if m == "folx" else r,
-         "temp_bytes": 1024, "rel_err": 1e-6}
-        for fam in ("mlp", "gto") for n in (32, 8) for m, r in (("loop", 2.0), ("folx", 0.5))
+        {
+            "family": fam,
+            "n": n,
+            "method": m,
+            "min_ms": 1.0,
+            "median_ms": 1.5,
+            "ratio_log_psi": r * n,
+            "ratio_folx_best": None if m == "folx" else r,
+            "temp_bytes": 1024,
+            "rel_err": 1e-6,
+        }
+        for fam in ("mlp", "gto")
+        for n in (32, 8)
+        for m, r in (("loop", 2.0), ("folx", 0.5))
     ]
-    data = {"command": "python benchmarks/laplacian.py --record", "machine": "cpu x2",
-            "jax": "0.12.0", "folx": "0.2.30", "date": "2026-11-22", "rows": rows}
+    data = {
+        "command": "python benchmarks/laplacian.py --record",
+        "machine": "cpu x2",
+        "jax": "0.12.0",
+        "folx": "0.2.30",
+        "date": "2026-11-22",
+        "rows": rows,
+    }
     data.update(changes)
     return data
 
@@ -44,8 +63,10 @@ def test_tradeoff_zero_laplacian_gives_infinite_relative_error():
 
 def test_describe_tradeoff_line():
     line = figs.describe_tradeoff(PROFILE, 2, 6)
-    assert line == ("n = 2 electrons: S = 6 probes cost 6 Hessian-vector products = 1.00 x the "
-                    "exact loop (6); std. error 0.816 (40.8% of |Laplacian|)")
+    assert line == (
+        "n = 2 electrons: S = 6 probes cost 6 Hessian-vector products = 1.00 x the "
+        "exact loop (6); std. error 0.816 (40.8% of |Laplacian|)"
+    )
 
 
 def test_plot_tradeoff_draws_one_panel_per_size():
@@ -60,14 +81,36 @@ TRADEOFF_BAD = [
     ("n-unknown", (PROFILE, 3, 4), ValueError, "measured sizes are [2, 4]"),
     ("n-bool", (PROFILE, True, 4), ValueError, "n must be a positive int"),
     ("samples-zero", (PROFILE, 2, 0), ValueError, "num_samples must be a positive int"),
-    ("samples-float", (PROFILE, 2, 2.5), ValueError, "num_samples must be a positive int"),
-    ("missing-key", ({2: {"laplacian": 1.0}}, 2, 4), ValueError, "lacks ['sample_variance']"),
-    ("negative-variance", ({2: {"sample_variance": -1.0, "laplacian": 1.0}}, 2, 4), ValueError, ">= 0"),
-    ("nan-laplacian", ({2: {"sample_variance": 1.0, "laplacian": math.nan}}, 2, 4), ValueError, "finite"),
+    (
+        "samples-float",
+        (PROFILE, 2, 2.5),
+        ValueError,
+        "num_samples must be a positive int",
+    ),
+    (
+        "missing-key",
+        ({2: {"laplacian": 1.0}}, 2, 4),
+        ValueError,
+        "lacks ['sample_variance']",
+    ),
+    (
+        "negative-variance",
+        ({2: {"sample_variance": -1.0, "laplacian": 1.0}}, 2, 4),
+        ValueError,
+        ">= 0",
+    ),
+    (
+        "nan-laplacian",
+        ({2: {"sample_variance": 1.0, "laplacian": math.nan}}, 2, 4),
+        ValueError,
+        "finite",
+    ),
 ]
 
 
-@pytest.mark.parametrize("args, exc, match", [c[1:] for c in TRADEOFF_BAD], ids=[c[0] for c in TRADEOFF_BAD])
+@pytest.mark.parametrize(
+    "args, exc, match", [c[1:] for c in TRADEOFF_BAD], ids=[c[0] for c in TRADEOFF_BAD]
+)
 def test_tradeoff_bad_inputs(args, exc, match):
     with pytest.raises(exc, match=match.replace("[", r"\[").replace("]", r"\]")):
         figs.hutchinson_tradeoff(*args)
@@ -91,7 +134,9 @@ def test_the_package_ships_a_benchmark_record():
     """The chapter reads the package's own file (importlib.resources), as on Colab."""
     data = figs.load_benchmark()
     assert {r["family"] for r in data["rows"]}
-    assert all(r["ratio_log_psi"] is None or r["ratio_log_psi"] > 0 for r in data["rows"])
+    assert all(
+        r["ratio_log_psi"] is None or r["ratio_log_psi"] > 0 for r in data["rows"]
+    )
 
 
 def test_series_are_sorted_by_n_and_skip_missing_values():
@@ -136,17 +181,31 @@ BENCH_BAD = [
     ("no-machine", _without("machine"), "lacks ['machine']"),
     ("empty-rows", record(rows=[]), "'rows' must be a non-empty list"),
     ("row-not-object", record(rows=[3]), r"rows\[0\] must be an object"),
-    ("row-missing-field", _row_without("ratio_log_psi"), r"rows\[3\] lacks \['ratio_log_psi'\]"),
-    ("row-bad-n", record(rows=[{**record()["rows"][0], "n": 0}]), r"rows\[0\]\['n'\] must be a positive int"),
+    (
+        "row-missing-field",
+        _row_without("ratio_log_psi"),
+        r"rows\[3\] lacks \['ratio_log_psi'\]",
+    ),
+    (
+        "row-bad-n",
+        record(rows=[{**record()["rows"][0], "n": 0}]),
+        r"rows\[0\]\['n'\] must be a positive int",
+    ),
 ]
 
 
-@pytest.mark.parametrize("data, match", [c[1:] for c in BENCH_BAD], ids=[c[0] for c in BENCH_BAD])
+@pytest.mark.parametrize(
+    "data, match", [c[1:] for c in BENCH_BAD], ids=[c[0] for c in BENCH_BAD]
+)
 def test_benchmark_bad_records(tmp_path, data, match):
     path = tmp_path / "b.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=match.replace("['", r"\['").replace("']", r"'\]")
-                       if "\\" not in match else match):
+    with pytest.raises(
+        ValueError,
+        match=match.replace("['", r"\['").replace("']", r"'\]")
+        if "\\" not in match
+        else match,
+    ):
         figs.load_benchmark(path)
 
 

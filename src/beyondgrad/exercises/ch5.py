@@ -100,9 +100,13 @@ def _fl_hints(got: Any, a: Triple, b: Triple) -> list[str]:
             "summed over the d inputs"
         )
     elif _close(got[2], no_cross + cross, 1e-6):
-        hints.append("your Laplacian has the cross term grad u . grad v once; it needs 2x")
+        hints.append(
+            "your Laplacian has the cross term grad u . grad v once; it needs 2x"
+        )
     if _close(got[1], gu * v, 1e-6) or _close(got[1], u * gv, 1e-6):
-        hints.append("your gradient has one half of the product rule: it is gu*v + u*gv")
+        hints.append(
+            "your gradient has one half of the product rule: it is gu*v + u*gv"
+        )
     return hints
 
 
@@ -131,7 +135,9 @@ def check_fl_multiply(fn: Callable[..., Any], strict: bool = False) -> ex.Feedba
                 break
             if not isinstance(got, (tuple, list)) or len(got) != 3:
                 kind = type(got).__name__
-                size = f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""
+                size = (
+                    f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""
+                )
                 problems.append(
                     f"return a triple (value, gradient, Laplacian), got a {kind}{size}"
                 )
@@ -244,7 +250,9 @@ def _kinetic_problem() -> tuple[dict[str, jax.Array], jax.Array]:
     from beyondgrad import slater
 
     params = slater.init_params(jax.random.key(0), 3, hidden=8, dtype=jnp.float64)
-    walkers = jax.random.normal(jax.random.key(1), (2 * SHARDED_DEVICES, 3, 3), jnp.float64)
+    walkers = jax.random.normal(
+        jax.random.key(1), (2 * SHARDED_DEVICES, 3, 3), jnp.float64
+    )
     return params, walkers
 
 
@@ -274,8 +282,12 @@ def _kinetic_reference() -> tuple[np.ndarray, dict[str, np.ndarray]]:
 def _signed_ratio(got: Any, want: Any) -> float | None:
     """The best c with got ≈ c * want over all leaves (least squares), or None."""
     try:
-        g = np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in jax.tree.leaves(got)])
-        w = np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in jax.tree.leaves(want)])
+        g = np.concatenate(
+            [np.ravel(np.asarray(a, np.float64)) for a in jax.tree.leaves(got)]
+        )
+        w = np.concatenate(
+            [np.ravel(np.asarray(a, np.float64)) for a in jax.tree.leaves(want)]
+        )
     except (TypeError, ValueError):
         return None
     if g.shape != w.shape or not np.all(np.isfinite(g)) or not w @ w:
@@ -294,7 +306,9 @@ def _mesh_hint(message: str) -> str:
     return f"{message}\n    {hint}"
 
 
-def check_sharded_kinetic_step(fn: Callable[..., Any], strict: bool = False) -> ex.Feedback:
+def check_sharded_kinetic_step(
+    fn: Callable[..., Any], strict: bool = False
+) -> ex.Feedback:
     """Exercise 5.3: ``fn(params, walkers)`` as the body of a ``shard_map`` over ``"data"``.
 
     Runs ``jax.shard_map(fn, in_specs=(P(), P("data")), out_specs=P(),
@@ -332,11 +346,17 @@ def check_sharded_kinetic_step(fn: Callable[..., Any], strict: bool = False) -> 
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return ex.verdict(
             name,
-            [f"return a pair (mean kinetic energy, gradient), got {type(got).__name__}"],
+            [
+                f"return a pair (mean kinetic energy, gradient), got {type(got).__name__}"
+            ],
             strict=strict,
         )
     problems = ex.tree_mismatches(
-        got[0], want[0], rtol=_STEP_RTOL, atol=_STEP_ATOL, name="the energy",
+        got[0],
+        want[0],
+        rtol=_STEP_RTOL,
+        atol=_STEP_ATOL,
+        name="the energy",
         allow_python_scalars=False,
     )
     ratio = _signed_ratio(got[0], want[0]) if problems else None
@@ -345,12 +365,17 @@ def check_sharded_kinetic_step(fn: Callable[..., Any], strict: bool = False) -> 
             f"your energy is {ratio:+.4g} x the mean over all {walkers.shape[0]} walkers"
             + (
                 f": divide the psum of the sums by the global count ({walkers.shape[0]})"
-                if abs(ratio - SHARDED_DEVICES) < 1e-2 or abs(ratio * SHARDED_DEVICES - 1) < 1e-2
+                if abs(ratio - SHARDED_DEVICES) < 1e-2
+                or abs(ratio * SHARDED_DEVICES - 1) < 1e-2
                 else ""
             )
         )
     grad_problems = ex.tree_mismatches(
-        got[1], want[1], rtol=_STEP_RTOL, atol=_STEP_ATOL, name="the gradient",
+        got[1],
+        want[1],
+        rtol=_STEP_RTOL,
+        atol=_STEP_ATOL,
+        name="the gradient",
         allow_python_scalars=False,
     )
     if grad_problems:

@@ -78,18 +78,26 @@ def hutchinson_tradeoff(profile: Profile, n: int, num_samples: int) -> dict[str,
     "relative_error"}`` (the last is the standard error over :math:`|\Delta|`).
     """
     if not isinstance(profile, Mapping):
-        raise TypeError(f"profile must be a dict {{n: measurements}}, got {type(profile).__name__}")
+        raise TypeError(
+            f"profile must be a dict {{n: measurements}}, got {type(profile).__name__}"
+        )
     _positive_int(n, "n")
     _positive_int(num_samples, "num_samples")
     if n not in profile:
-        raise ValueError(f"no measurements for n = {n}; measured sizes are {sorted(profile)}")
+        raise ValueError(
+            f"no measurements for n = {n}; measured sizes are {sorted(profile)}"
+        )
     entry = profile[n]
     missing = [k for k in ("sample_variance", "laplacian") if k not in entry]
     if missing:
-        raise ValueError(f"profile[{n}] lacks {missing}: give 'sample_variance' and 'laplacian'")
+        raise ValueError(
+            f"profile[{n}] lacks {missing}: give 'sample_variance' and 'laplacian'"
+        )
     variance, exact = float(entry["sample_variance"]), float(entry["laplacian"])
     if not (math.isfinite(variance) and variance >= 0):
-        raise ValueError(f"profile[{n}]['sample_variance'] must be finite and >= 0, got {variance}")
+        raise ValueError(
+            f"profile[{n}]['sample_variance'] must be finite and >= 0, got {variance}"
+        )
     if not math.isfinite(exact):
         raise ValueError(f"profile[{n}]['laplacian'] must be finite, got {exact}")
     std_error = math.sqrt(variance / num_samples)
@@ -160,12 +168,16 @@ def _check_record(data: object, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: 'rows' must be a non-empty list of measurements")
     for k, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise ValueError(f"{where}: rows[{k}] must be an object, got {type(row).__name__}")
+            raise ValueError(
+                f"{where}: rows[{k}] must be an object, got {type(row).__name__}"
+            )
         lacking = [f for f in ROW_FIELDS if f not in row]
         if lacking:
             raise ValueError(f"{where}: rows[{k}] lacks {lacking}")
         if isinstance(row["n"], bool) or not isinstance(row["n"], int) or row["n"] < 1:
-            raise ValueError(f"{where}: rows[{k}]['n'] must be a positive int, got {row['n']!r}")
+            raise ValueError(
+                f"{where}: rows[{k}]['n'] must be a positive int, got {row['n']!r}"
+            )
     return data
 
 
@@ -185,7 +197,9 @@ def load_benchmark(path: str | Path | None = None) -> dict[str, Any]:
         text, where = resource.read_text(encoding="utf-8"), BENCHMARK_RESOURCE
     else:
         if not isinstance(path, (str, Path)):
-            raise TypeError(f"path must be a str or pathlib.Path, got {type(path).__name__}")
+            raise TypeError(
+                f"path must be a str or pathlib.Path, got {type(path).__name__}"
+            )
         text, where = Path(path).read_text(encoding="utf-8"), str(path)
     try:
         data = json.loads(text)
@@ -207,7 +221,9 @@ def benchmark_series(
         raise ValueError(f"value must be one of {ROW_FIELDS}, got {value!r}")
     families = sorted({r["family"] for r in rows})
     if family not in families:
-        raise ValueError(f"no rows for family {family!r}; recorded families are {families}")
+        raise ValueError(
+            f"no rows for family {family!r}; recorded families are {families}"
+        )
     series: dict[str, tuple[list[int], list[float]]] = {}
     for row in sorted(rows, key=lambda r: (r["method"], r["n"])):
         if row["family"] != family or row[value] is None:
@@ -237,7 +253,11 @@ def plot_benchmark(
     families = sorted({r["family"] for r in rows})
     if axes is None:
         _, grid = plt.subplots(
-            1, len(families), figsize=(3.3 * len(families), 3.2), sharey=True, squeeze=False
+            1,
+            len(families),
+            figsize=(3.3 * len(families), 3.2),
+            sharey=True,
+            squeeze=False,
         )
         axes = list(grid[0])
     if len(axes) != len(families):
