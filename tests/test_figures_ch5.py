@@ -154,6 +154,14 @@ def test_describe_benchmark_names_command_machine_and_versions():
     )
 
 
+def test_describe_benchmark_adds_the_optional_setup_and_note():
+    data = record(batch=16, repeats=7, dtype="float32", note="shared machine")
+    assert figs.describe_benchmark(data).endswith(
+        "recorded 2026-11-22; 16 walkers a batch, 7 repeats, float32\n"
+        "note recorded with the results: shared machine"
+    )
+
+
 def test_plot_benchmark_one_panel_per_family_one_line_per_method():
     axes = figs.plot_benchmark(record())
     assert [ax.get_title() for ax in axes] == ["gto", "mlp"]
@@ -161,6 +169,14 @@ def test_plot_benchmark_one_panel_per_family_one_line_per_method():
     assert sorted(lines) == ["folx", "loop"]
     assert list(lines["loop"].get_xdata()) == [8, 32]
     assert list(lines["loop"].get_ydata()) == [16.0, 64.0]
+
+
+def test_the_legend_names_methods_missing_from_the_last_panel():
+    data = record()
+    data["rows"].append({**data["rows"][0], "family": "gto", "method": "analytic"})
+    axes = figs.plot_benchmark(data)
+    legend = [t.get_text() for t in axes[-1].get_legend().get_texts()]
+    assert legend == ["analytic", "folx", "loop"]
 
 
 def _without(key):

@@ -235,12 +235,30 @@ def benchmark_series(
 
 
 def describe_benchmark(data: Mapping[str, Any]) -> str:
-    """Where the recorded numbers come from: command, machine, versions and date."""
+    """Where the recorded numbers come from: command, machine, versions and date.
+
+    Optional keys of the record (``batch``, ``repeats``, ``dtype``, ``note``) are
+    appended when present.
+    """
     d = _check_record(dict(data), "data")
-    return (
+    text = (
         f"`{d['command']}` on {d['machine']}, JAX {d['jax']}, folx {d['folx']}, "
         f"recorded {d['date']}"
     )
+    setup = [
+        f"{d[key]} {label}"
+        for key, label in (
+            ("batch", "walkers a batch"),
+            ("repeats", "repeats"),
+            ("dtype", ""),
+        )
+        if d.get(key) is not None
+    ]
+    if setup:
+        text += "; " + ", ".join(s.strip() for s in setup)
+    if d.get("note"):
+        text += f"\nnote recorded with the results: {d['note']}"
+    return text
 
 
 def plot_benchmark(
@@ -275,5 +293,16 @@ def plot_benchmark(
         ax.set_title(family, fontsize=9)
         ax.set_xlabel("electrons n")
     axes[0].set_ylabel("time / one log|ψ|")
-    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    handles = {}  # every method once, also those missing from the last panel
+    for ax in axes:
+        for line in ax.get_lines():
+            handles.setdefault(line.get_label(), line)
+    labels = sorted(handles)
+    axes[-1].legend(
+        [handles[k] for k in labels],
+        labels,
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+    )
     return axes
