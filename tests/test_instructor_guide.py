@@ -19,12 +19,12 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from beyondgrad import compat, implicit, linear, sharding, tracers
-from beyondgrad import laplacian as L
+from beyondgrad import implicit
 from beyondgrad.exercises import ch1 as ex1
 from beyondgrad.exercises import ch2 as ex2
 from beyondgrad.exercises import ch3 as ch3_checks
 from beyondgrad.exercises import ch4
+from beyondgrad.exercises import ch5 as ex5
 from tools import book
 
 GUIDE = book.ROOT / "instructor_guide.md"
@@ -123,21 +123,33 @@ def _carry_like_block(xb):
     return lax.fori_loop(0, 3, _ch4_body(xb), jnp.zeros_like(xb[:, 0]))
 
 
-def _hvp_sum_not_diagonal(f, x):
-    g, hvp = jax.linearize(jax.grad(f), x)
-    eye = jnp.eye(x.shape[0], dtype=x.dtype)
-    return lax.fori_loop(0, x.shape[0], lambda i, acc: acc + hvp(eye[i]).sum(), jnp.zeros_like(g[0]))
+def _fl_multiply_no_cross(a, b):
+    (u, gu, lu), (v, gv, lv) = a, b
+    return u * v, gu * v + u * gv, lu * v + u * lv
 
 
-def _kinetic_loop(log_psi, x, *, cast_basis: bool, varying_init: bool):
-    f = lambda v: log_psi(v.reshape(x.shape))  # noqa: E731
-    g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
-    eye = jnp.eye(g.shape[0], dtype=g.dtype)
-    if cast_basis:
-        eye = compat.pcast_varying(eye, tuple(compat.varying_axes(g)))
-    init = jnp.zeros_like(g[0]) if varying_init else jnp.zeros((), g.dtype)
-    lap = lax.fori_loop(0, g.shape[0], lambda i, acc: acc + hvp(eye[i])[i], init)
-    return -0.5 * (lap + g @ g)
+def _row_second_derivative_wrong_sign(a, i, u):
+    return (u @ jnp.linalg.solve(a, jnp.eye(a.shape[0], dtype=a.dtype)[:, i])) ** 2
+
+
+def _sharded_kinetic(params, walkers, *, cast_basis=True, varying_init=True, pmean_grad=False):
+    from beyondgrad import slater
+
+    def kinetic(p, x):
+        f = lambda v: slater.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
+        g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
+        eye = jnp.eye(g.shape[0], dtype=g.dtype)
+        if cast_basis:
+            eye = lax.pcast(eye, "data", to="varying")
+        init = jnp.zeros_like(g[0]) if varying_init else 0.0
+        lap = lax.fori_loop(0, g.shape[0], lambda i, acc: acc + hvp(eye[i])[i], init)
+        return -0.5 * (lap + g @ g)
+
+    energies = lambda p: jax.vmap(kinetic, in_axes=(None, 0))(p, walkers)  # noqa: E731
+    if pmean_grad:  # the local mean's gradient, then a pmean
+        e, g = jax.value_and_grad(lambda p: jnp.mean(energies(p)))(params)
+        return lax.pmean(e, "data"), jax.tree.map(lambda t: lax.pmean(t, "data"), g)
+    return jax.value_and_grad(lambda p: lax.psum(jnp.sum(energies(p)), "data") / 16)(params)
 
 
 def _one_iteration_short(x, n):  # Chapter 1, exercise 1.1
@@ -238,19 +250,21 @@ MISTAKES = [
             "on 1 device(s): your update is -1 x the single-device update"),
     Mistake("ch4-axis-i", lambda: ch4.check_sharded_step(_step_axis_i),
             "the checker's mesh has axes 'data' of size 1; every collective must name one of them"),
-    Mistake("ch5-hvp-sum", lambda: L.check_loop_laplacian(_hvp_sum_not_diagonal),
-            "on an MLP: answer differs from the reference: got 0.546507, expected 2.69826"),
-    Mistake("ch5-sign", lambda: L.check_row_update_second_derivative(
-                lambda a, i, u: (u @ jnp.linalg.solve(a, jnp.eye(a.shape[0])[:, i])) ** 2),
-            "for n = 3, row 0: answer differs from the reference: got 4.7577, expected -4.7577"),
-    Mistake("ch5-uncast-eye", lambda: L.check_sharded_kinetic(
-                functools.partial(_kinetic_loop, cast_basis=False, varying_init=True)),
-            "your kinetic energy inside shard_map raised ValueError: linearized function called on tangent values "
+    Mistake("ch5-no-cross-term", lambda: ex5.check_fl_multiply(_fl_multiply_no_cross),
+            "your Laplacian is u*lv + v*lu: it misses the cross term 2 (grad u . grad v), summed over the d inputs"),
+    Mistake("ch5-sign", lambda: ex5.check_row_update_second_derivative(_row_second_derivative_wrong_sign),
+            "the sign is flipped: along a rank-one update of one row, log|det| is concave"),
+    Mistake("ch5-uncast-eye", lambda: ex5.check_sharded_kinetic_step(
+                functools.partial(_sharded_kinetic, cast_basis=False)),
+            "your step inside shard_map raised ValueError: linearized function called on tangent values "
             "inconsistent with the original primal values"),
-    Mistake("ch5-invariant-init", lambda: L.check_sharded_kinetic(
-                functools.partial(_kinetic_loop, cast_basis=True, varying_init=False)),
-            "your kinetic energy inside shard_map raised TypeError: scan body function carry input and carry output "
+    Mistake("ch5-invariant-init", lambda: ex5.check_sharded_kinetic_step(
+                functools.partial(_sharded_kinetic, varying_init=False)),
+            "your step inside shard_map raised TypeError: scan body function carry input and carry output "
             "must have equal types, but they differ"),
+    Mistake("ch5-pmean-of-grad", lambda: ex5.check_sharded_kinetic_step(
+                functools.partial(_sharded_kinetic, pmean_grad=True)),
+            "your gradient is +8 x the single-device gradient (8 devices): the device-count bug"),
     Mistake("ch4-invariant-carry", lambda: ch4.check_two_axis_carry(_invariant_carry),
             "your weighted_row_sums raised TypeError: scan body function carry input and carry output must have "
             "equal types, but they differ"),
@@ -377,3 +391,12 @@ def test_chapter2_checkers_the_guide_names_exist_and_the_chapter_calls_them():
     for func in named:
         assert callable(getattr(ex2, func, None)), f"the guide names ex2.{func}, which does not exist"
         assert re.search(rf"\bex2\.{func}\(", chapter), f"the chapter does not call ex2.{func}"
+
+
+def test_chapter5_checkers_the_guide_names_exist_and_the_chapter_calls_them():
+    """Chapter 5's checkers live in beyondgrad.exercises.ch5 (imported as ex5)."""
+    named = sorted(set(re.findall(r"`exercises\.ch5\.(check_\w+)`", GUIDE.read_text())))
+    assert named == sorted(n for n in ex5.__all__ if n.startswith("check_"))
+    chapter = (book.CHAPTERS / "05_laplacians.md").read_text()
+    for func in named:
+        assert re.search(rf"\bex5\.{func}\(", chapter), f"05_laplacians.md does not call ex5.{func}"

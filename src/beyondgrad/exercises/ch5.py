@@ -1,0 +1,414 @@
+"""Chapter 5's exercise checkers (Laplacians of log|det|).
+
+* :func:`check_fl_multiply` (5.1): the forward-Laplacian rule for an elementwise
+  product, compared part by part with ``jax.hessian`` in float64.
+* :func:`check_row_update_second_derivative` (5.2): the second derivative of
+  ``log|det(A + t e_i u^T)|`` at ``t = 0``, compared with JAX's in float64.
+* :func:`check_sharded_kinetic_step` (5.3): a ``shard_map`` body over the mesh axis
+  ``"data"`` (8 devices) returning the global mean kinetic energy and its parameter
+  gradient, compared with one device.
+
+Each returns a :class:`~beyondgrad.exercises.Feedback`; a bare stub is reported as not
+attempted, and ``strict=True`` raises :class:`~beyondgrad.exercises.ExerciseFailed`
+for a wrong or missing answer. Checkers check values only; the statements say so.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from beyondgrad import exercises as ex
+
+__all__ = [
+    "MESH_AXIS",
+    "SHARDED_DEVICES",
+    "check_fl_multiply",
+    "check_row_update_second_derivative",
+    "check_sharded_kinetic_step",
+]
+
+#: The mesh axis the sharded exercise runs over, and its size.
+MESH_AXIS = "data"
+SHARDED_DEVICES = 8
+
+Triple = tuple[jax.Array, jax.Array, jax.Array]
+
+# Accuracy required (the statements quote them). Every check runs in float64, where
+# the book's solutions agree with the references to about 1e-13 (measured in
+# tests/test_exercises_ch5.py); the tolerances leave several orders of magnitude for
+# other orders of summation and stay far below the smallest mistake.
+_FL_RTOL, _FL_ATOL = 1e-9, 1e-12
+_ROW_RTOL, _ROW_ATOL = 1e-8, 1e-12
+_STEP_RTOL, _STEP_ATOL = 1e-8, 1e-10
+
+
+def _close(a: Any, b: Any, rtol: float) -> bool:
+    try:
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    except (TypeError, ValueError):
+        return False
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=rtol, atol=1e-12))
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 5.1: the forward-Laplacian rule for a product
+
+
+def _triple(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> Triple:
+    """Exact (value, gradient (d, m), Laplacian (m,)) of ``fn`` at ``x``."""
+    hessian = jax.hessian(fn)(x)  # (m, d, d)
+    return fn(x), jax.jacfwd(fn)(x).T, jnp.trace(hessian, axis1=1, axis2=2)
+
+
+@functools.lru_cache(maxsize=1)
+def _fl_cases() -> list[tuple[Triple, Triple, Triple]]:
+    d, m = 5, 4
+    w = jnp.sin(jnp.arange(d * m, dtype=jnp.float64)).reshape(d, m)
+    c = jnp.cos(jnp.arange(m, dtype=jnp.float64))
+    s = jnp.linspace(0.5, 1.5, m, dtype=jnp.float64)
+    vw = jnp.cos(jnp.arange(d * m, dtype=jnp.float64) * 0.7).reshape(d, m)
+
+    def u(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w + c)
+
+    def v(x: jax.Array) -> jax.Array:
+        return jnp.exp(-0.5 * s * jnp.sum(x * x)) + x @ vw
+
+    def uv(x: jax.Array) -> jax.Array:
+        return u(x) * v(x)
+
+    points = [jnp.linspace(-1.0, 1.0, d), 0.3 * jnp.ones(d), jnp.linspace(0.8, -0.4, d)]
+    triples = jax.jit(lambda x: (_triple(u, x), _triple(v, x), _triple(uv, x)))
+    return [triples(x) for x in points]
+
+
+def _fl_hints(got: Any, a: Triple, b: Triple) -> list[str]:
+    """Pointed messages for the usual slips in the product rule."""
+    (u, gu, lu), (v, gv, lv) = a, b
+    hints = []
+    no_cross = lu * v + u * lv
+    cross = jnp.sum(gu * gv, axis=0)
+    if _close(got[2], no_cross, 1e-6):
+        hints.append(
+            "your Laplacian is u*lv + v*lu: it misses the cross term 2 (grad u . grad v), "
+            "summed over the d inputs"
+        )
+    elif _close(got[2], no_cross + cross, 1e-6):
+        hints.append(
+            "your Laplacian has the cross term grad u . grad v once; it needs 2x"
+        )
+    if _close(got[1], gu * v, 1e-6) or _close(got[1], u * gv, 1e-6):
+        hints.append(
+            "your gradient has one half of the product rule: it is gu*v + u*gv"
+        )
+    return hints
+
+
+def check_fl_multiply(fn: Callable[..., Any], strict: bool = False) -> ex.Feedback:
+    """Exercise 5.1: ``fn((u, gu, lu), (v, gv, lv))`` is the triple of ``u * v``.
+
+    Checks the value, gradient ``(d, m)`` and Laplacian ``(m,)`` at three points, each
+    against ``jax.hessian`` of the product in float64 (relative accuracy 1e-9).
+    """
+    name = "Exercise 5.1 (forward Laplacian of a product)"
+    msg = ex.require_callable(fn, "my_fl_multiply")
+    if msg:
+        return ex.verdict(name, [msg], strict=strict)
+    problems: list[str] = []
+    with jax.enable_x64(True):
+        zeros = (jnp.zeros(4), jnp.zeros((5, 4)), jnp.zeros(4))
+        if ex.is_stub(ex.call_answer(fn, zeros, zeros)):  # before any reference work
+            return ex.verdict(name, [], attempted=False, strict=strict)
+        for k, (a, b, want) in enumerate(_fl_cases()):
+            got = ex.call_answer(fn, a, b, what="your function")
+            if ex.is_stub(got):
+                return ex.verdict(name, [], attempted=False, strict=strict)
+            failure = ex.failed(got)
+            if failure:
+                problems.append(failure)
+                break
+            if not isinstance(got, (tuple, list)) or len(got) != 3:
+                kind = type(got).__name__
+                size = (
+                    f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""
+                )
+                problems.append(
+                    f"return a triple (value, gradient, Laplacian), got a {kind}{size}"
+                )
+                break
+            for part, got_part, want_part in zip(
+                ("the value", "the gradient", "the Laplacian"), got, want
+            ):
+                problems += ex.tree_mismatches(
+                    got_part,
+                    want_part,
+                    rtol=_FL_RTOL,
+                    atol=_FL_ATOL,
+                    name=f"at point {k}: {part}",
+                    allow_python_scalars=False,
+                )
+            if problems:
+                problems += _fl_hints(got, a, b)
+                break
+    return ex.verdict(
+        name,
+        problems,
+        success="value, gradient and Laplacian of u*v match jax.hessian at 3 points "
+        "(float64, relative 1e-9)",
+        strict=strict,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 5.2: the row update
+
+
+@functools.lru_cache(maxsize=1)
+def _row_cases() -> list[tuple[jax.Array, int, jax.Array, jax.Array]]:
+    matrices = []
+    for seed, (n, i) in enumerate([(3, 0), (4, 2), (5, 4)]):
+        ka, ku = jax.random.split(jax.random.key(seed))
+        a = jax.random.normal(ka, (n, n), jnp.float64) + 2.0 * jnp.eye(n)
+        u = jax.random.normal(ku, (n,), jnp.float64)
+        matrices.append((a, i, u))
+
+    def second_derivatives(cases: list) -> list[jax.Array]:
+        out = []
+        for a, i, u in cases:
+            row = jnp.zeros_like(a).at[i].set(u)
+
+            def along(
+                t: jax.Array, a: jax.Array = a, row: jax.Array = row
+            ) -> jax.Array:
+                return jnp.linalg.slogdet(a + t * row).logabsdet
+
+            out.append(jax.grad(jax.grad(along))(jnp.zeros((), a.dtype)))
+        return out
+
+    # one compilation for the three references; the rows i stay Python ints
+    rows = [i for _, i, _ in matrices]
+    wants = jax.jit(
+        lambda arrays: second_derivatives(
+            [(a, i, u) for (a, u), i in zip(arrays, rows)]
+        )
+    )([(a, u) for a, _, u in matrices])
+    return [(a, i, u, w) for (a, i, u), w in zip(matrices, wants)]
+
+
+def check_row_update_second_derivative(
+    fn: Callable[..., Any], strict: bool = False
+) -> ex.Feedback:
+    """Exercise 5.2: ``fn(a, i, u)`` = d²/dt² log|det(A + t e_i uᵀ)| at t = 0.
+
+    Compares the value with JAX's second derivative of ``slogdet`` for three
+    matrices in float64 (relative accuracy 1e-8). Any method is accepted.
+    """
+    name = "Exercise 5.2 (row update)"
+    msg = ex.require_callable(fn, "my_row_second_derivative")
+    if msg:
+        return ex.verdict(name, [msg], strict=strict)
+    problems: list[str] = []
+    with jax.enable_x64(True):
+        probe = ex.call_answer(fn, jnp.eye(3), 0, jnp.ones(3))
+        if ex.is_stub(probe):  # before any reference work
+            return ex.verdict(name, [], attempted=False, strict=strict)
+        for a, i, u, want in _row_cases():
+            n = a.shape[0]
+            got = ex.call_answer(fn, a, i, u, what="your function")
+            if ex.is_stub(got):
+                return ex.verdict(name, [], attempted=False, strict=strict)
+            failure = ex.failed(got)
+            if failure:
+                problems.append(failure)
+                break
+            problems += ex.tree_mismatches(
+                got,
+                want,
+                rtol=_ROW_RTOL,
+                atol=_ROW_ATOL,
+                name=f"for n = {n}, row {i}: answer",
+                allow_python_scalars=False,
+            )
+            if problems:
+                b = jnp.linalg.inv(a)
+                if _close(got, -want, 1e-6):
+                    problems.append(
+                        "the sign is flipped: along a rank-one update of one row, "
+                        "log|det| is concave, so the answer is -(u . A^{-1} e_i)^2 <= 0"
+                    )
+                elif _close(got, -((u @ b[i]) ** 2), 1e-6):
+                    problems.append(
+                        "you used row i of A^{-1}; the formula needs column i, A^{-1} e_i"
+                    )
+                break
+    return ex.verdict(
+        name,
+        problems,
+        success="matches JAX's second derivative of slogdet along the row update "
+        "(3 matrices, float64, relative 1e-8)",
+        strict=strict,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 5.3: a sharded kinetic-energy step
+
+
+def _kinetic_problem() -> tuple[dict[str, jax.Array], jax.Array]:
+    """Parameters and 16 walkers of 3 electrons, float64 (call under enable_x64)."""
+    from beyondgrad import slater
+
+    params = slater.init_params(jax.random.key(0), 3, hidden=8, dtype=jnp.float64)
+    walkers = jax.random.normal(
+        jax.random.key(1), (2 * SHARDED_DEVICES, 3, 3), jnp.float64
+    )
+    return params, walkers
+
+
+@functools.lru_cache(maxsize=1)
+def _kinetic_reference() -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Mean kinetic energy and its parameter gradient on one device, in float64.
+
+    The Laplacian is the hand-derived one (``slater.mlp_slater_laplacian``), which
+    shares no code with the autodiff methods a student uses.
+    """
+    from beyondgrad import slater
+
+    with jax.enable_x64(True):
+        params, walkers = _kinetic_problem()
+
+        def mean_kinetic(p: dict[str, jax.Array]) -> jax.Array:
+            def kinetic(x: jax.Array) -> jax.Array:
+                _, grad, lap = slater.mlp_slater_laplacian(p, x)
+                return -0.5 * (lap + jnp.sum(grad * grad))
+
+            return jnp.mean(jax.vmap(kinetic)(walkers))
+
+        energy, grad = jax.jit(jax.value_and_grad(mean_kinetic))(params)
+        return np.asarray(energy), jax.tree.map(np.asarray, grad)
+
+
+def _signed_ratio(got: Any, want: Any) -> float | None:
+    """The best c with got ≈ c * want over all leaves (least squares), or None."""
+    try:
+        g = np.concatenate(
+            [np.ravel(np.asarray(a, np.float64)) for a in jax.tree.leaves(got)]
+        )
+        w = np.concatenate(
+            [np.ravel(np.asarray(a, np.float64)) for a in jax.tree.leaves(want)]
+        )
+    except (TypeError, ValueError):
+        return None
+    if g.shape != w.shape or not np.all(np.isfinite(g)) or not w @ w:
+        return None
+    c = float(g @ w / (w @ w))
+    residual = np.linalg.norm(g - c * w) / np.linalg.norm(w)
+    return c if residual < 1e-3 * max(abs(c), 1.0) else None
+
+
+def _mesh_hint(message: str) -> str:
+    hint = (
+        f"(the checker's mesh has {SHARDED_DEVICES} devices on one axis named "
+        f"{MESH_AXIS!r}; params come in as P(), walkers as P({MESH_AXIS!r}), and both "
+        "outputs must be invariant, out_specs=P())"
+    )
+    return f"{message}\n    {hint}"
+
+
+def check_sharded_kinetic_step(
+    fn: Callable[..., Any], strict: bool = False
+) -> ex.Feedback:
+    """Exercise 5.3: ``fn(params, walkers)`` as the body of a ``shard_map`` over ``"data"``.
+
+    Runs ``jax.shard_map(fn, in_specs=(P(), P("data")), out_specs=P(),
+    check_vma=True)`` on 8 devices for 16 walkers of 3 electrons and compares
+    ``(mean kinetic energy, its gradient)`` with a one-device reference, all in
+    float64, relative accuracy 1e-8. Values only: any correct Laplacian passes.
+    """
+    from jax.sharding import PartitionSpec as P
+
+    from beyondgrad import runtime
+
+    name = "Exercise 5.3 (sharded kinetic step)"
+    msg = ex.require_callable(fn, "my_sharded_kinetic_step")
+    if msg:
+        return ex.verdict(name, [msg], strict=strict)
+    mesh = runtime.demo_mesh(SHARDED_DEVICES, MESH_AXIS)
+    step = jax.jit(
+        jax.shard_map(
+            fn,
+            mesh=mesh,
+            in_specs=(P(), P(MESH_AXIS)),
+            out_specs=P(),  # every output invariant
+            check_vma=True,
+        )
+    )
+    with jax.enable_x64(True):
+        params, walkers = _kinetic_problem()
+        got = ex.call_answer(step, params, walkers, what="your step inside shard_map")
+    if ex.is_stub(got):
+        return ex.verdict(name, [], attempted=False, strict=strict)
+    failure = ex.failed(got)
+    if failure:
+        return ex.verdict(name, [_mesh_hint(failure)], strict=strict)
+    want = _kinetic_reference()
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        return ex.verdict(
+            name,
+            [
+                f"return a pair (mean kinetic energy, gradient), got {type(got).__name__}"
+            ],
+            strict=strict,
+        )
+    problems = ex.tree_mismatches(
+        got[0],
+        want[0],
+        rtol=_STEP_RTOL,
+        atol=_STEP_ATOL,
+        name="the energy",
+        allow_python_scalars=False,
+    )
+    ratio = _signed_ratio(got[0], want[0]) if problems else None
+    if ratio is not None and abs(ratio - 1) > 1e-3:
+        problems.append(
+            f"your energy is {ratio:+.4g} x the mean over all {walkers.shape[0]} walkers"
+            + (
+                f": divide the psum of the sums by the global count ({walkers.shape[0]})"
+                if abs(ratio - SHARDED_DEVICES) < 1e-2
+                or abs(ratio * SHARDED_DEVICES - 1) < 1e-2
+                else ""
+            )
+        )
+    grad_problems = ex.tree_mismatches(
+        got[1],
+        want[1],
+        rtol=_STEP_RTOL,
+        atol=_STEP_ATOL,
+        name="the gradient",
+        allow_python_scalars=False,
+    )
+    if grad_problems:
+        ratio = _signed_ratio(got[1], want[1])
+        if ratio is not None and abs(ratio - 1) > 1e-3:
+            note = f"your gradient is {ratio:+.4g} x the single-device gradient"
+            if abs(ratio - SHARDED_DEVICES) < 1e-2:
+                note += (
+                    f" ({SHARDED_DEVICES} devices): the device-count bug; the gradient of "
+                    "the invariant params is already summed over devices, so no psum/pmean "
+                    "of it, and the loss must be the global mean"
+                )
+            grad_problems = [*grad_problems[:1], note]
+    problems += grad_problems
+    return ex.verdict(
+        name,
+        problems,
+        success=f"runs in shard_map over {MESH_AXIS!r} ({SHARDED_DEVICES} devices, "
+        "check_vma=True); energy and gradient match one device (float64, relative 1e-8)",
+        strict=strict,
+    )

@@ -1,0 +1,308 @@
+"""Chapter 5's figures and widget callbacks.
+
+* Hutchinson's trade-off (the widget *probes against electrons*): what ``S`` probes cost
+  and how noisy the estimate is. Cost is counted in Hessian-vector products (one per
+  probe; the exact loop needs :math:`d = 3n`), never in wall-clock time, so the widget
+  gives the same answer on every machine.
+* The Laplacian benchmark's recorded results (``laplacian_benchmark.json``, package
+  data written by ``benchmarks/laplacian.py --record``): loaded with
+  :mod:`importlib.resources` (so Colab reads it too) and plotted as time per method
+  divided by the time of one evaluation of log|ψ|, against the number of electrons.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
+
+__all__ = [
+    "BENCHMARK_FIELDS",
+    "BENCHMARK_RESOURCE",
+    "ROW_FIELDS",
+    "benchmark_series",
+    "describe_benchmark",
+    "describe_tradeoff",
+    "hutchinson_tradeoff",
+    "load_benchmark",
+    "plot_benchmark",
+    "plot_tradeoff",
+]
+
+#: The recorded benchmark, a file of this package.
+BENCHMARK_RESOURCE = "laplacian_benchmark.json"
+#: Top-level keys of the benchmark record.
+BENCHMARK_FIELDS = ("command", "machine", "jax", "folx", "date", "rows")
+#: Keys of each row of the benchmark record.
+ROW_FIELDS = (
+    "family",
+    "n",
+    "method",
+    "min_ms",
+    "median_ms",
+    "ratio_log_psi",
+    "ratio_folx_best",
+    "temp_bytes",
+    "rel_err",
+)
+
+Profile = Mapping[int, Mapping[str, float]]
+
+
+# ---------------------------------------------------------------------------------------
+# Hutchinson's trade-off
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def hutchinson_tradeoff(profile: Profile, n: int, num_samples: int) -> dict[str, float]:
+    r"""Cost and statistical error of an ``num_samples``-probe Hutchinson Laplacian.
+
+    ``profile[n]`` holds two measured numbers for ``n`` electrons:
+    ``"sample_variance"`` (the variance :math:`\sigma^2` of one probe's estimate
+    :math:`v^\top H v`) and ``"laplacian"`` (the exact value :math:`\Delta`). With
+    :math:`S` probes the estimate's standard error is :math:`\sigma/\sqrt S`; its cost
+    is :math:`S` Hessian-vector products against :math:`3n` for the exact loop.
+
+    Returns ``{"hvps", "exact_hvps", "cost_vs_exact", "std_error",
+    "relative_error"}`` (the last is the standard error over :math:`|\Delta|`).
+    """
+    if not isinstance(profile, Mapping):
+        raise TypeError(
+            f"profile must be a dict {{n: measurements}}, got {type(profile).__name__}"
+        )
+    _positive_int(n, "n")
+    _positive_int(num_samples, "num_samples")
+    if n not in profile:
+        raise ValueError(
+            f"no measurements for n = {n}; measured sizes are {sorted(profile)}"
+        )
+    entry = profile[n]
+    missing = [k for k in ("sample_variance", "laplacian") if k not in entry]
+    if missing:
+        raise ValueError(
+            f"profile[{n}] lacks {missing}: give 'sample_variance' and 'laplacian'"
+        )
+    variance, exact = float(entry["sample_variance"]), float(entry["laplacian"])
+    if not (math.isfinite(variance) and variance >= 0):
+        raise ValueError(
+            f"profile[{n}]['sample_variance'] must be finite and >= 0, got {variance}"
+        )
+    if not math.isfinite(exact):
+        raise ValueError(f"profile[{n}]['laplacian'] must be finite, got {exact}")
+    std_error = math.sqrt(variance / num_samples)
+    return {
+        "hvps": float(num_samples),
+        "exact_hvps": float(3 * n),
+        "cost_vs_exact": num_samples / (3 * n),
+        "std_error": std_error,
+        "relative_error": std_error / abs(exact) if exact else math.inf,
+    }
+
+
+def describe_tradeoff(profile: Profile, n: int, num_samples: int) -> str:
+    """One line for the widget: what ``num_samples`` probes cost and how noisy they are."""
+    t = hutchinson_tradeoff(profile, n, num_samples)
+    return (
+        f"n = {n} electrons: S = {num_samples} probes cost {num_samples} Hessian-vector "
+        f"products = {t['cost_vs_exact']:.2f} x the exact loop ({3 * n}); std. error "
+        f"{t['std_error']:.3g} ({100 * t['relative_error']:.1f}% of |Laplacian|)"
+    )
+
+
+def plot_tradeoff(
+    profile: Profile, sample_counts: Sequence[int], axes: Sequence[Axes] | None = None
+) -> Sequence[Axes]:
+    """One panel per ``n``: relative standard error (left axis) and cost / exact (right)."""
+    import matplotlib.pyplot as plt
+
+    counts = [_positive_int(s, "each sample count") for s in sample_counts]
+    if not counts:
+        raise ValueError("sample_counts is empty: give probe counts such as [1, 4, 16]")
+    sizes = sorted(profile)
+    if axes is None:
+        _, grid = plt.subplots(
+            1, len(sizes), figsize=(3.2 * len(sizes), 2.8), sharey=True, squeeze=False
+        )
+        axes = list(grid[0])
+    if len(axes) != len(sizes):
+        raise ValueError(f"need {len(sizes)} axes (one per n), got {len(axes)}")
+    for ax, n in zip(axes, sizes):
+        rows = [hutchinson_tradeoff(profile, n, s) for s in counts]
+        ax.loglog(counts, [r["relative_error"] for r in rows], "o-", color="C0")
+        ax.set_title(f"n = {n} (d = {3 * n})")
+        ax.set_xlabel("probes S")
+        twin = ax.twinx()
+        twin.loglog(counts, [r["cost_vs_exact"] for r in rows], "s--", color="C1")
+        twin.axhline(1.0, color="C1", lw=0.8, ls=":")
+        if n == sizes[-1]:
+            twin.set_ylabel("cost / exact loop", color="C1")
+    axes[0].set_ylabel("relative std. error", color="C0")
+    return axes
+
+
+# ---------------------------------------------------------------------------------------
+# The benchmark's recorded results
+
+
+def _check_record(data: object, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    missing = [k for k in BENCHMARK_FIELDS if k not in data]
+    if missing:
+        raise ValueError(
+            f"{where} lacks {missing}: re-record it with benchmarks/laplacian.py --record"
+        )
+    rows = data["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{where}: 'rows' must be a non-empty list of measurements")
+    for k, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(
+                f"{where}: rows[{k}] must be an object, got {type(row).__name__}"
+            )
+        lacking = [f for f in ROW_FIELDS if f not in row]
+        if lacking:
+            raise ValueError(f"{where}: rows[{k}] lacks {lacking}")
+        if isinstance(row["n"], bool) or not isinstance(row["n"], int) or row["n"] < 1:
+            raise ValueError(
+                f"{where}: rows[{k}]['n'] must be a positive int, got {row['n']!r}"
+            )
+    return data
+
+
+def load_benchmark(path: str | Path | None = None) -> dict[str, Any]:
+    """The recorded Laplacian benchmark (the package's ``laplacian_benchmark.json``).
+
+    ``path`` reads another file with the same schema instead. Raises ``ValueError``
+    if a key of :data:`BENCHMARK_FIELDS` or of :data:`ROW_FIELDS` is missing.
+    """
+    if path is None:
+        resource = importlib.resources.files("beyondgrad.figures") / BENCHMARK_RESOURCE
+        if not resource.is_file():
+            raise FileNotFoundError(
+                f"beyondgrad/figures/{BENCHMARK_RESOURCE} is missing: run "
+                "`python benchmarks/laplacian.py --record` to write it"
+            )
+        text, where = resource.read_text(encoding="utf-8"), BENCHMARK_RESOURCE
+    else:
+        if not isinstance(path, (str, Path)):
+            raise TypeError(
+                f"path must be a str or pathlib.Path, got {type(path).__name__}"
+            )
+        text, where = Path(path).read_text(encoding="utf-8"), str(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not valid JSON: {e}") from None
+    return _check_record(data, where)
+
+
+def benchmark_series(
+    data: Mapping[str, Any], family: str, value: str = "ratio_log_psi"
+) -> dict[str, tuple[list[int], list[float]]]:
+    """``{method: (sizes n, values)}`` for one orbital ``family``, sorted by ``n``.
+
+    ``value`` is a row field (default: time divided by one evaluation of log|ψ|).
+    Rows whose value is ``None`` (a method that does not apply) are left out.
+    """
+    rows = _check_record(dict(data), "data")["rows"]
+    if value not in ROW_FIELDS:
+        raise ValueError(f"value must be one of {ROW_FIELDS}, got {value!r}")
+    families = sorted({r["family"] for r in rows})
+    if family not in families:
+        raise ValueError(
+            f"no rows for family {family!r}; recorded families are {families}"
+        )
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for row in sorted(rows, key=lambda r: (r["method"], r["n"])):
+        if row["family"] != family or row[value] is None:
+            continue
+        ns, values = series.setdefault(row["method"], ([], []))
+        ns.append(int(row["n"]))
+        values.append(float(row[value]))
+    return series
+
+
+def describe_benchmark(data: Mapping[str, Any]) -> str:
+    """Where the recorded numbers come from: command, machine, versions and date.
+
+    Optional keys of the record (``batch``, ``repeats``, ``dtype``, ``note``) are
+    appended when present.
+    """
+    d = _check_record(dict(data), "data")
+    text = (
+        f"`{d['command']}` on {d['machine']}, JAX {d['jax']}, folx {d['folx']}, "
+        f"recorded {d['date']}"
+    )
+    setup = [
+        f"{d[key]} {label}"
+        for key, label in (
+            ("batch", "walkers a batch"),
+            ("repeats", "repeats"),
+            ("dtype", ""),
+        )
+        if d.get(key) is not None
+    ]
+    if setup:
+        text += "; " + ", ".join(s.strip() for s in setup)
+    if d.get("note"):
+        text += f"\nnote recorded with the results: {d['note']}"
+    return text
+
+
+def plot_benchmark(
+    data: Mapping[str, Any], axes: Sequence[Axes] | None = None
+) -> Sequence[Axes]:
+    """One panel per orbital family: time / one log|ψ| against ``n``, one line per method."""
+    import matplotlib.pyplot as plt
+
+    rows = _check_record(dict(data), "data")["rows"]
+    families = sorted({r["family"] for r in rows})
+    if axes is None:
+        _, grid = plt.subplots(
+            1,
+            len(families),
+            figsize=(3.3 * len(families), 3.2),
+            sharey=True,
+            squeeze=False,
+        )
+        axes = list(grid[0])
+    if len(axes) != len(families):
+        raise ValueError(f"need {len(families)} axes (one per family), got {len(axes)}")
+    methods = sorted({r["method"] for r in rows})
+    styles = {m: (f"C{k % 10}", "os^vD<>ph*"[k % 10]) for k, m in enumerate(methods)}
+    for ax, family in zip(axes, families):
+        series = benchmark_series(data, family)
+        for method, (ns, ratios) in series.items():
+            color, marker = styles[method]
+            ax.loglog(ns, ratios, marker=marker, color=color, label=method)
+        sizes = sorted({n for ns, _ in series.values() for n in ns})
+        ax.minorticks_off()
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.set_title(family, fontsize=9)
+        ax.set_xlabel("electrons n")
+    axes[0].set_ylabel("time / one log|ψ|")
+    handles = {}  # every method once, also those missing from the last panel
+    for ax in axes:
+        for line in ax.get_lines():
+            handles.setdefault(line.get_label(), line)
+    labels = sorted(handles)
+    axes[-1].legend(
+        [handles[k] for k in labels],
+        labels,
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+    )
+    return axes

@@ -1,0 +1,240 @@
+"""Chapter 5's figures and widget callbacks (beyondgrad.figures.ch5)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import matplotlib
+import pytest
+
+from beyondgrad.figures import ch5 as figs
+
+matplotlib.use("Agg")
+
+PROFILE = {
+    2: {"sample_variance": 4.0, "laplacian": -2.0},
+    4: {"sample_variance": 9.0, "laplacian": 3.0},
+}
+
+
+def record(**changes):
+    """A record with the benchmark's schema; its numbers are test data, not measurements."""
+    rows = [
+        {
+            "family": fam,
+            "n": n,
+            "method": m,
+            "min_ms": 1.0,
+            "median_ms": 1.5,
+            "ratio_log_psi": r * n,
+            "ratio_folx_best": None if m == "folx" else r,
+            "temp_bytes": 1024,
+            "rel_err": 1e-6,
+        }
+        for fam in ("mlp", "gto")
+        for n in (32, 8)
+        for m, r in (("loop", 2.0), ("folx", 0.5))
+    ]
+    data = {
+        "command": "python benchmarks/laplacian.py --record",
+        "machine": "cpu x2",
+        "jax": "0.12.0",
+        "folx": "0.2.30",
+        "date": "2026-11-22",
+        "rows": rows,
+    }
+    data.update(changes)
+    return data
+
+
+def test_tradeoff_counts_cost_in_hessian_vector_products():
+    t = figs.hutchinson_tradeoff(PROFILE, 4, 9)
+    assert t["hvps"] == 9 and t["exact_hvps"] == 12
+    assert t["cost_vs_exact"] == pytest.approx(9 / 12)
+    assert t["std_error"] == pytest.approx(1.0)  # sqrt(9 / 9)
+    assert t["relative_error"] == pytest.approx(1 / 3)
+
+
+def test_tradeoff_zero_laplacian_gives_infinite_relative_error():
+    t = figs.hutchinson_tradeoff({1: {"sample_variance": 1.0, "laplacian": 0.0}}, 1, 4)
+    assert math.isinf(t["relative_error"])
+
+
+def test_describe_tradeoff_line():
+    line = figs.describe_tradeoff(PROFILE, 2, 6)
+    assert line == (
+        "n = 2 electrons: S = 6 probes cost 6 Hessian-vector products = 1.00 x the "
+        "exact loop (6); std. error 0.816 (40.8% of |Laplacian|)"
+    )
+
+
+def test_plot_tradeoff_draws_one_panel_per_size():
+    axes = figs.plot_tradeoff(PROFILE, [1, 4, 16])
+    assert [ax.get_title() for ax in axes] == ["n = 2 (d = 6)", "n = 4 (d = 12)"]
+    y = axes[0].get_lines()[0].get_ydata()
+    assert list(y) == pytest.approx([1.0, 0.5, 0.25])  # sqrt(4 / S) / 2
+
+
+TRADEOFF_BAD = [
+    ("profile-not-dict", ([1, 2], 2, 4), TypeError, "profile must be a dict"),
+    ("n-unknown", (PROFILE, 3, 4), ValueError, "measured sizes are [2, 4]"),
+    ("n-bool", (PROFILE, True, 4), ValueError, "n must be a positive int"),
+    ("samples-zero", (PROFILE, 2, 0), ValueError, "num_samples must be a positive int"),
+    (
+        "samples-float",
+        (PROFILE, 2, 2.5),
+        ValueError,
+        "num_samples must be a positive int",
+    ),
+    (
+        "missing-key",
+        ({2: {"laplacian": 1.0}}, 2, 4),
+        ValueError,
+        "lacks ['sample_variance']",
+    ),
+    (
+        "negative-variance",
+        ({2: {"sample_variance": -1.0, "laplacian": 1.0}}, 2, 4),
+        ValueError,
+        ">= 0",
+    ),
+    (
+        "nan-laplacian",
+        ({2: {"sample_variance": 1.0, "laplacian": math.nan}}, 2, 4),
+        ValueError,
+        "finite",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "args, exc, match", [c[1:] for c in TRADEOFF_BAD], ids=[c[0] for c in TRADEOFF_BAD]
+)
+def test_tradeoff_bad_inputs(args, exc, match):
+    with pytest.raises(exc, match=match.replace("[", r"\[").replace("]", r"\]")):
+        figs.hutchinson_tradeoff(*args)
+
+
+def test_plot_tradeoff_bad_inputs():
+    with pytest.raises(ValueError, match="sample_counts is empty"):
+        figs.plot_tradeoff(PROFILE, [])
+    with pytest.raises(ValueError, match="each sample count must be a positive int"):
+        figs.plot_tradeoff(PROFILE, [0])
+
+
+def test_load_benchmark_reads_a_file(tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(record()))
+    data = figs.load_benchmark(path)
+    assert data["machine"] == "cpu x2" and len(data["rows"]) == 8
+
+
+def test_the_package_ships_a_benchmark_record():
+    """The chapter reads the package's own file (importlib.resources), as on Colab."""
+    data = figs.load_benchmark()
+    assert {r["family"] for r in data["rows"]}
+    assert all(
+        r["ratio_log_psi"] is None or r["ratio_log_psi"] > 0 for r in data["rows"]
+    )
+
+
+def test_series_are_sorted_by_n_and_skip_missing_values():
+    data = record()
+    data["rows"][0]["ratio_log_psi"] = None  # mlp, n = 32, loop: not measured
+    series = figs.benchmark_series(data, "mlp")
+    assert series["folx"] == ([8, 32], [4.0, 16.0])
+    assert series["loop"] == ([8], [16.0])
+
+
+def test_describe_benchmark_names_command_machine_and_versions():
+    assert figs.describe_benchmark(record()) == (
+        "`python benchmarks/laplacian.py --record` on cpu x2, JAX 0.12.0, folx 0.2.30, "
+        "recorded 2026-11-22"
+    )
+
+
+def test_describe_benchmark_adds_the_optional_setup_and_note():
+    data = record(batch=16, repeats=7, dtype="float32", note="shared machine")
+    assert figs.describe_benchmark(data).endswith(
+        "recorded 2026-11-22; 16 walkers a batch, 7 repeats, float32\n"
+        "note recorded with the results: shared machine"
+    )
+
+
+def test_plot_benchmark_one_panel_per_family_one_line_per_method():
+    axes = figs.plot_benchmark(record())
+    assert [ax.get_title() for ax in axes] == ["gto", "mlp"]
+    lines = {ln.get_label(): ln for ln in axes[1].get_lines()}
+    assert sorted(lines) == ["folx", "loop"]
+    assert list(lines["loop"].get_xdata()) == [8, 32]
+    assert list(lines["loop"].get_ydata()) == [16.0, 64.0]
+
+
+def test_the_legend_names_methods_missing_from_the_last_panel():
+    data = record()
+    data["rows"].append({**data["rows"][0], "family": "gto", "method": "analytic"})
+    axes = figs.plot_benchmark(data)
+    legend = [t.get_text() for t in axes[-1].get_legend().get_texts()]
+    assert legend == ["analytic", "folx", "loop"]
+
+
+def _without(key):
+    data = record()
+    del data[key]
+    return data
+
+
+def _row_without(key):
+    data = record()
+    del data["rows"][3][key]
+    return data
+
+
+BENCH_BAD = [
+    ("not-object", [1, 2], "expected a JSON object"),
+    ("no-command", _without("command"), "lacks ['command']"),
+    ("no-machine", _without("machine"), "lacks ['machine']"),
+    ("empty-rows", record(rows=[]), "'rows' must be a non-empty list"),
+    ("row-not-object", record(rows=[3]), r"rows\[0\] must be an object"),
+    (
+        "row-missing-field",
+        _row_without("ratio_log_psi"),
+        r"rows\[3\] lacks \['ratio_log_psi'\]",
+    ),
+    (
+        "row-bad-n",
+        record(rows=[{**record()["rows"][0], "n": 0}]),
+        r"rows\[0\]\['n'\] must be a positive int",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "data, match", [c[1:] for c in BENCH_BAD], ids=[c[0] for c in BENCH_BAD]
+)
+def test_benchmark_bad_records(tmp_path, data, match):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        ValueError,
+        match=match.replace("['", r"\['").replace("']", r"'\]")
+        if "\\" not in match
+        else match,
+    ):
+        figs.load_benchmark(path)
+
+
+def test_benchmark_bad_arguments(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        figs.load_benchmark(path)
+    with pytest.raises(TypeError, match="path must be a str or pathlib.Path"):
+        figs.load_benchmark(3)
+    with pytest.raises(ValueError, match="no rows for family 'pw'"):
+        figs.benchmark_series(record(), "pw")
+    with pytest.raises(ValueError, match="value must be one of"):
+        figs.benchmark_series(record(), "mlp", value="speed")
+    with pytest.raises(ValueError, match="need 2 axes"):
+        figs.plot_benchmark(record(), axes=[None])
