@@ -261,7 +261,7 @@ def ch1_concrete_array_class() -> str:
 
 @_probe(
     CH1,
-    "Reverse mode is linearize + transpose",
+    "Reverse mode is linearize + transpose, until it is not",
     "grad of a pure_callback (no JVP rule)",
 )
 def ch1_pure_callback_grad() -> str:
@@ -275,7 +275,7 @@ def ch1_pure_callback_grad() -> str:
     return _short(jax.grad(host_sin)(jnp.float32(1.0)))
 
 
-@_probe(CH1, "Reverse mode is linearize + transpose", "grad through lax.while_loop")
+@_probe(CH3, "A solver that reverse mode refuses", "grad through lax.while_loop")
 def while_loop_reverse_mode() -> str:
     import jax
     from jax import lax
@@ -288,8 +288,8 @@ def while_loop_reverse_mode() -> str:
 
 
 @_probe(
-    CH1,
-    "Reverse mode is linearize + transpose",
+    CH3,
+    "A solver that reverse mode refuses",
     "jit(grad) of fori_loop with a traced trip count",
 )
 def fori_loop_traced_bounds_grad() -> str:
