@@ -97,13 +97,13 @@ def run_single(local_devices: int) -> dict:
     from jax.sharding import PartitionSpec as P
 
     from beyondgrad import runtime
-    from beyondgrad.slater import energy_and_grad, sharded_energy_and_grad, wavefunction
+    from beyondgrad.slater import energy_and_grad, mlp_log_psi, sharded_energy_and_grad
 
     params, walkers = global_inputs()
-    energy, grad = energy_and_grad(wavefunction, params, jax.numpy.asarray(walkers), method="loop")
+    energy, grad = energy_and_grad(mlp_log_psi, params, jax.numpy.asarray(walkers), method="loop")
     mesh = runtime.demo_mesh(local_devices, "data")
     s_energy, s_grad = sharded_energy_and_grad(
-        wavefunction, params, jax.device_put(walkers, NamedSharding(mesh, P("data"))), mesh, method="loop"
+        mlp_log_psi, params, jax.device_put(walkers, NamedSharding(mesh, P("data"))), mesh, method="loop"
     )
     return {"one_device": to_json(energy, grad), "one_process_sharded": to_json(s_energy, s_grad),
             "device_count": jax.device_count(), "process_count": jax.process_count()}
@@ -115,7 +115,7 @@ def run_multi(port: int, process_id: int, num_processes: int, local_devices: int
     from jax.sharding import PartitionSpec as P
 
     from beyondgrad import compat
-    from beyondgrad.slater import sharded_energy_and_grad, wavefunction
+    from beyondgrad.slater import mlp_log_psi, sharded_energy_and_grad
 
     # 1. Join the job. Process 0 also runs the coordinator service; by default it
     #    listens on every interface, so the test binds it to loopback explicitly.
@@ -145,7 +145,7 @@ def run_multi(port: int, process_id: int, num_processes: int, local_devices: int
     walkers_global = jax.make_array_from_process_local_data(batch, walkers[rows], walkers.shape)
 
     # 4. The same call as on one machine.
-    energy, grad = sharded_energy_and_grad(wavefunction, params, walkers_global, mesh, method="loop")
+    energy, grad = sharded_energy_and_grad(mlp_log_psi, params, walkers_global, mesh, method="loop")
 
     # 5. Outputs are replicated (out_specs P()): every process holds the full value
     #    and reads it from one of its own devices.

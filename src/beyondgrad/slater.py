@@ -28,18 +28,41 @@ different quantity: right for a fixed set of points, not for the variational ene
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Hashable
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from beyondgrad import compat
 from beyondgrad.laplacian import Method, _check_method, basis, kinetic_energy
 
-Params = dict[str, Any]
+__all__ = [
+    "Estimator",
+    "Params",
+    "energy_and_grad",
+    "init_params",
+    "local_energy",
+    "mlp_log_psi",
+    "mlp_orbitals",
+    "mlp_slater_laplacian",
+    "orbital_derivatives",
+    "potential_energy",
+    "row_formula",
+    "sample_walkers",
+    "sharded_energy_and_grad",
+    "slater_laplacian",
+    "slater_log_psi",
+    "slater_matrix",
+    "walker_keys",
+]
+
+#: parameters of a wavefunction: any pytree of arrays (``init_params`` makes a dict)
+Params = Any
 Estimator = Literal["vmc", "direct"]
 
 
@@ -52,15 +75,33 @@ def _check_positions(positions: jax.Array) -> jax.Array:
     return positions
 
 
+_ALL_ELECTRONS_HINT = (
+    "slater_laplacian and slater_matrix need single-particle orbitals, orbitals(r) with r "
+    "of shape (3,) (one electron). For orbitals that depend on all electrons (as in "
+    "FermiNet) the row structure does not hold: use "
+    "laplacian.laplacian(lambda v: log_psi(v.reshape(n, 3)), x.reshape(-1), "
+    "method='folx') instead"
+)
+
+
 def _check_orbitals(orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array) -> None:
+    """Cheap structural check (one abstract evaluation, no FLOPs): ``orbitals(r (3,)) -> (n,)``."""
     if not callable(orbitals):
         raise TypeError(f"orbitals must be a function r (3,) -> (n,), got {type(orbitals).__name__}")
     n = positions.shape[0]
-    out = jax.eval_shape(orbitals, positions[0])
-    if getattr(out, "shape", None) != (n,):
+    try:
+        out = jax.eval_shape(orbitals, jax.ShapeDtypeStruct((3,), positions.dtype))
+    except Exception as e:  # e.g. a function written for (n, 3) positions
         raise ValueError(
-            f"orbitals must map one position (3,) to the {n} orbital values (n,) for n = {n} electrons, "
-            f"got output shape {getattr(out, 'shape', type(out).__name__)}"
+            f"orbitals failed on one electron's position of shape (3,) "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). {_ALL_ELECTRONS_HINT}"
+        ) from e
+    shape = getattr(out, "shape", None)
+    if shape != (n,):
+        got = shape if shape is not None else type(out).__name__
+        raise ValueError(
+            f"orbitals must map one position (3,) to the {n} orbital values (n,) for n = {n} "
+            f"electrons, got output shape {got}. {_ALL_ELECTRONS_HINT}"
         )
 
 
@@ -271,10 +312,6 @@ def mlp_log_psi(params: Params, positions: jax.Array) -> jax.Array:
     return slater_log_psi(functools.partial(mlp_orbitals, params), positions)
 
 
-#: The ready-made ``log_psi(params, positions)``.
-wavefunction = mlp_log_psi
-
-
 # ---------------------------------------------------------------------------------------
 # Energies
 
@@ -301,15 +338,83 @@ def local_energy(
     omega: float = 1.0,
 ) -> jax.Array:
     """:math:`E_L = -\\tfrac12(\\Delta\\log|\\psi|+|\\nabla\\log|\\psi||^2) + V` at ``(n, 3)`` positions."""
+    _check_log_psi(log_psi)
     positions = _check_positions(positions)
     kin = kinetic_energy(lambda x: log_psi(params, x), positions, method=method, key=key)
     return kin + potential_energy(positions, omega=omega)
 
 
+# ---------------------------------------------------------------------------------------
+# Compiled steps per user function, without keeping the function alive
+
+
+class _CompiledPerFunction:
+    """``jax.jit`` programs built for a user's function, dropped when the function is.
+
+    A ``functools.lru_cache`` keyed on the function would keep it (and everything it
+    closes over, e.g. parameters) and its compiled programs alive, and fails on callables
+    that define ``__eq__`` without ``__hash__``. Here the key is the function's identity,
+    held through a weak reference, plus hashable settings; the cached program reaches
+    the function only through that weak reference. A function that cannot be weakly
+    referenced is compiled for the call and not cached.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, dict[Hashable, Callable]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(
+        self, fn: Callable, settings: Hashable, build: Callable[[Callable[[], Callable]], Callable]
+    ) -> Callable:
+        """The program ``build(get_fn)`` for ``(fn, settings)``; ``get_fn()`` returns ``fn``."""
+        try:
+            ref = weakref.ref(fn)
+        except TypeError:  # not weakly referenceable: no caching
+            return build(lambda: fn)
+        key = id(fn)
+        entry = self._entries.get(key)
+        if entry is None or entry[0]() is not fn:
+
+            def forget(dead: weakref.ref, key: int = key) -> None:
+                if self._entries.get(key, (None,))[0] is dead:
+                    del self._entries[key]
+
+            ref = weakref.ref(fn, forget)
+            entry = (ref, {})
+            self._entries[key] = entry
+        programs = entry[1]
+        if settings not in programs:
+            weak = entry[0]
+
+            def get_fn() -> Callable:
+                target = weak()
+                if target is None:  # only reachable if a program outlives its function
+                    raise ReferenceError("the wavefunction this program was built for is gone")
+                return target
+
+            programs[settings] = build(get_fn)
+        return programs[settings]
+
+
+_PROGRAMS = _CompiledPerFunction()
+
+
+def _check_log_psi(log_psi: object) -> None:
+    if not callable(log_psi):
+        raise TypeError(
+            f"log_psi must be a function log_psi(params, positions (n, 3)) -> scalar, got "
+            f"{type(log_psi).__name__} (e.g. pass slater.mlp_log_psi)"
+        )
+
+
 def _check_walkers(walkers: jax.Array) -> jax.Array:
-    walkers = jnp.asarray(walkers) if not isinstance(walkers, jax.Array) else walkers
+    walkers = walkers if isinstance(walkers, jax.Array) else jnp.asarray(walkers)
     if walkers.ndim != 3 or walkers.shape[2] != 3:
         raise ValueError(f"walkers must have shape (batch, n, 3), got {walkers.shape}")
+    if not jnp.issubdtype(walkers.dtype, jnp.floating):
+        raise TypeError(f"walkers must be a floating-point array, got dtype {walkers.dtype}")
     return walkers
 
 
@@ -331,21 +436,24 @@ def sample_walkers(
     local energies: walkers from :math:`|\psi|^2` rarely sit near a node, unlike arbitrary
     points. Returns ``(walkers, acceptance rate)`` (the rate averaged over steps and walkers).
     """
+    _check_log_psi(log_psi)
     walkers = _check_walkers(walkers)
-    if not jnp.issubdtype(walkers.dtype, jnp.floating):
-        raise TypeError(f"walkers must be a floating-point array, got dtype {walkers.dtype}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if not (isinstance(step_size, (int, float)) and step_size > 0):
-        raise ValueError(f"step_size must be a positive number (a proposal standard deviation), got {step_size!r}")
-    return _metropolis(log_psi, steps)(params, walkers, key, jnp.asarray(step_size, walkers.dtype))
+    if isinstance(step_size, bool) or not (isinstance(step_size, (int, float)) and step_size > 0):
+        raise ValueError(
+            f"step_size must be a positive number (a proposal standard deviation), got {step_size!r}"
+        )
+    chain = _PROGRAMS.get(log_psi, ("metropolis", steps), functools.partial(_metropolis, steps=steps))
+    return chain(params, walkers, key, jnp.asarray(step_size, walkers.dtype))
 
 
-@functools.lru_cache(maxsize=32)
-def _metropolis(log_psi: Callable, steps: int) -> Callable:
-    batch_log_psi = jax.vmap(log_psi, in_axes=(None, 0))
+def _metropolis(get_log_psi: Callable[[], Callable], *, steps: int) -> Callable:
+    def chain(
+        params: Params, walkers: jax.Array, key: jax.Array, sigma: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        batch_log_psi = jax.vmap(get_log_psi(), in_axes=(None, 0))
 
-    def chain(params: Params, walkers: jax.Array, key: jax.Array, sigma: jax.Array) -> tuple[jax.Array, jax.Array]:
         def step(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
             x, logp, accepted = carry
             k_move, k_accept = jax.random.split(k)
@@ -368,6 +476,22 @@ def _check_estimator(estimator: str) -> None:
         raise ValueError(f"estimator must be 'vmc' or 'direct', got {estimator!r}")
 
 
+def _check_omega(omega: object) -> float:
+    if isinstance(omega, bool) or not isinstance(omega, (int, float)):
+        raise TypeError(f"omega must be a Python number (the trap frequency), got {type(omega).__name__}")
+    return float(omega)
+
+
+def walker_keys(key: jax.Array, count: int, *, first: jax.Array | int = 0) -> jax.Array:
+    """One PRNG key per walker: ``fold_in(key, first + b)`` for ``b = 0 .. count - 1``.
+
+    ``first`` is the global index of this batch's first walker (``axis_index * count``
+    inside ``shard_map``), so every walker on every shard gets its own probes and a
+    sharded run draws exactly the probes of the single-device run.
+    """
+    return jax.vmap(lambda b: jax.random.fold_in(key, b))(first + jnp.arange(count))
+
+
 def _batch_energy_and_grad(
     log_psi: Callable[[Params, jax.Array], jax.Array],
     params: Params,
@@ -379,11 +503,16 @@ def _batch_energy_and_grad(
     omega: float,
     total: Callable[[jax.Array], jax.Array],
     count: int,
+    first: jax.Array | int = 0,
 ) -> tuple[jax.Array, Params]:
     """Shared body: ``total`` sums over this batch (``jnp.sum``) or over all shards (psum of sums)."""
+    keys = walker_keys(key, walkers.shape[0], first=first) if method == "hutchinson" else None
 
     def energies(p: Params) -> jax.Array:
-        return jax.vmap(lambda x: local_energy(log_psi, p, x, method=method, key=key, omega=omega))(walkers)
+        def one(x: jax.Array, k: jax.Array | None) -> jax.Array:
+            return local_energy(log_psi, p, x, method=method, key=k, omega=omega)
+
+        return jax.vmap(one)(walkers, keys)
 
     if estimator == "direct":
         def mean_energy(p: Params) -> jax.Array:
@@ -398,6 +527,14 @@ def _batch_energy_and_grad(
         return 2.0 * total(centred * jax.vmap(lambda x: log_psi(p, x))(walkers)) / count
 
     return mean, jax.grad(surrogate)(params)
+
+
+def _check_step_input(log_psi: object, method: str, estimator: str, key: object) -> None:
+    _check_log_psi(log_psi)
+    _check_method(method)
+    _check_estimator(estimator)
+    if method == "hutchinson" and key is None:
+        raise ValueError("method='hutchinson' needs a PRNG key: pass key=jax.random.key(0)")
 
 
 def energy_and_grad(
@@ -415,24 +552,23 @@ def energy_and_grad(
     ``log_psi(params, positions)`` takes ``(n, 3)`` positions. ``estimator="vmc"`` (default)
     returns :math:`\\frac2B\\sum_b (E_L(x_b)-\\bar E)\\nabla_\\theta\\log|\\psi(x_b)|`;
     ``"direct"`` returns :math:`\\nabla_\\theta \\frac1B\\sum_b E_L(x_b)`. ``method`` picks the
-    Laplacian (``key`` is needed for ``"hutchinson"``).
+    Laplacian; ``"hutchinson"`` needs ``key`` and gives walker ``b`` the probes of
+    ``fold_in(key, b)`` (:func:`walker_keys`), so the noise averages over the batch.
     """
-    _check_method(method)
-    _check_estimator(estimator)
+    _check_step_input(log_psi, method, estimator, key)
     walkers = _check_walkers(walkers)
-    fn = _single_device(log_psi, method, estimator, float(omega))
-    return fn(params, walkers, key)
+    settings = ("one device", method, estimator, _check_omega(omega))
 
+    def build(get_log_psi: Callable[[], Callable]) -> Callable:
+        def step(params: Params, walkers: jax.Array, key: jax.Array | None) -> tuple[jax.Array, Params]:
+            return _batch_energy_and_grad(
+                get_log_psi(), params, walkers, method=method, estimator=estimator, key=key,
+                omega=settings[3], total=jnp.sum, count=walkers.shape[0],
+            )
 
-@functools.lru_cache(maxsize=64)
-def _single_device(log_psi: Callable, method: str, estimator: str, omega: float) -> Callable:
-    def step(params: Params, walkers: jax.Array, key: jax.Array | None) -> tuple[jax.Array, Params]:
-        return _batch_energy_and_grad(
-            log_psi, params, walkers, method=method, estimator=estimator, key=key, omega=omega,
-            total=jnp.sum, count=walkers.shape[0],
-        )
+        return jax.jit(step)
 
-    return jax.jit(step)
+    return _PROGRAMS.get(log_psi, settings, build)(params, walkers, key)
 
 
 def sharded_energy_and_grad(
@@ -455,11 +591,23 @@ def sharded_energy_and_grad(
     the gradient of the invariant parameters (whose transpose already sums over the
     shards) equals the single-device gradient. No ``pmean`` is applied to it: that would
     be the Chapter 4 device-count bug. Returns invariant (replicated) outputs.
+
+    ``mesh`` may come from ``jax.make_mesh`` with its default axis types (Explicit on
+    new JAX, Auto on 0.8) or from :func:`beyondgrad.runtime.demo_mesh`; ``params`` and
+    ``walkers`` may be plain (unsharded) arrays: they are placed on the mesh with
+    ``jax.device_put`` first (a no-op for arrays already laid out that way). With
+    ``method="hutchinson"`` walker ``b`` of the global batch gets ``fold_in(key, b)``
+    (shard ``s`` starts at ``b = s * local batch``, from ``lax.axis_index``): the same
+    probes as :func:`energy_and_grad` on one device.
     """
-    _check_method(method)
-    _check_estimator(estimator)
+    _check_step_input(log_psi, method, estimator, key)
     walkers = _check_walkers(walkers)
-    if axis_name not in mesh.axis_names:
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(
+            f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}; make one with "
+            "jax.make_mesh((jax.device_count(),), ('data',)) or runtime.demo_mesh()"
+        )
+    if not isinstance(axis_name, str) or axis_name not in mesh.axis_names:
         raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {tuple(mesh.axis_names)}")
     size = mesh.shape[axis_name]
     if walkers.shape[0] % size:
@@ -467,21 +615,24 @@ def sharded_energy_and_grad(
             f"the number of walkers ({walkers.shape[0]}) must be divisible by the size of mesh axis "
             f"{axis_name!r} ({size})"
         )
-    fn = _sharded(log_psi, mesh, axis_name, method, estimator, float(omega), walkers.shape[0])
-    return fn(params, walkers, key)
+    settings = ("sharded", mesh, axis_name, method, estimator, _check_omega(omega), walkers.shape[0])
+    local = walkers.shape[0] // size
 
+    def build(get_log_psi: Callable[[], Callable]) -> Callable:
+        def step(params: Params, walkers: jax.Array, key: jax.Array | None) -> tuple[jax.Array, Params]:
+            return _batch_energy_and_grad(
+                get_log_psi(), params, walkers, method=method, estimator=estimator, key=key,
+                omega=settings[5], total=lambda v: jax.lax.psum(jnp.sum(v), axis_name),
+                count=settings[6], first=jax.lax.axis_index(axis_name) * local,
+            )
 
-@functools.lru_cache(maxsize=64)
-def _sharded(
-    log_psi: Callable, mesh: jax.sharding.Mesh, axis_name: str, method: str, estimator: str, omega: float, count: int
-) -> Callable:
-    def step(params: Params, walkers: jax.Array, key: jax.Array | None) -> tuple[jax.Array, Params]:
-        return _batch_energy_and_grad(
-            log_psi, params, walkers, method=method, estimator=estimator, key=key, omega=omega,
-            total=lambda v: jax.lax.psum(jnp.sum(v), axis_name), count=count,
+        sharded = jax.shard_map(
+            step, mesh=mesh, in_specs=(P(), P(axis_name), P()), out_specs=(P(), P()), check_vma=True
         )
+        return jax.jit(sharded)
 
-    sharded = jax.shard_map(
-        step, mesh=mesh, in_specs=(P(), P(axis_name), P()), out_specs=(P(), P()), check_vma=True
-    )
-    return jax.jit(sharded)
+    replicated = NamedSharding(mesh, P())
+    params = jax.device_put(params, replicated)
+    walkers = jax.device_put(walkers, NamedSharding(mesh, P(axis_name)))
+    key = None if key is None else jax.device_put(key, replicated)
+    return _PROGRAMS.get(log_psi, settings, build)(params, walkers, key)
