@@ -161,3 +161,31 @@ def jit_cache_size(jitted: Any) -> int:
 
 
 # ----------------------------------------------------------------------------- Chapter 5
+
+
+def jaxpr_atom_value(atom: Any, env: dict[Any, Any]) -> Any:
+    """The value of a jaxpr input ``atom``: a literal's constant, or ``env[atom]`` for a variable.
+
+    Used by :mod:`beyondgrad.slater`'s forward-Laplacian interpreter (Chapter 5);
+    ``jax.extend.core.Literal`` is public from 0.8.2 to the newest JAX.
+    """
+    from jax.extend.core import Literal
+
+    return atom.val if isinstance(atom, Literal) else env[atom]
+
+
+def bind_equation(eqn: Any, invals: Sequence[Any]) -> list[Any]:
+    """Apply one jaxpr equation's primitive to ``invals``; always returns a list of outputs.
+
+    This is what ``jax.core.eval_jaxpr`` does per equation (``get_bind_params`` turns
+    stored sub-jaxprs back into what ``bind`` takes), so any primitive, including
+    ``jit``, ``custom_jvp_call`` and control flow, can be re-applied under
+    ``jax.jvp``/``jax.vmap`` by an interpreter.
+    """
+    bind_params = eqn.primitive.get_bind_params(eqn.params)
+    if jax_version() >= (0, 9, 0) and not isinstance(bind_params, tuple):
+        subfuns, params = (), bind_params  # newer JAX: sub-functions stay in the params
+    else:
+        subfuns, params = bind_params  # 0.8.x: (sub-functions, params)
+    out = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,12 +45,14 @@ __all__ = [
     "Estimator",
     "Params",
     "energy_and_grad",
+    "forward_laplacian",
     "init_params",
     "local_energy",
     "mlp_log_psi",
     "mlp_orbitals",
     "mlp_slater_laplacian",
     "orbital_derivatives",
+    "orbital_derivatives_fwdfwd",
     "potential_energy",
     "row_formula",
     "sample_walkers",
@@ -117,21 +119,236 @@ def slater_log_psi(orbitals: Callable[[jax.Array], jax.Array], positions: jax.Ar
     return jnp.linalg.slogdet(slater_matrix(orbitals, positions))[1]
 
 
+# ---------------------------------------------------------------------------------------
+# The forward Laplacian of a function of one electron
+
+
+class _Jet(NamedTuple):
+    """A value that depends on the input ``r`` (shape ``(d,)``), with its derivatives.
+
+    ``jac[k]`` is :math:`\\partial v/\\partial r_k` (shape ``(d, *v.shape)``) and ``lap``
+    is :math:`\\sum_k \\partial^2 v/\\partial r_k^2` (``None``: known to be zero).
+    Values that do not depend on ``r`` are kept as plain arrays.
+    """
+
+    val: jax.Array
+    jac: jax.Array
+    lap: jax.Array | None
+
+
+#: primitives linear in the inputs at these positions (the other inputs must not depend on r)
+_LINEAR = {
+    **dict.fromkeys(
+        ["neg", "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
+         "reduce_sum", "convert_element_type", "copy", "copy_p", "rev", "real", "cumsum",
+         "reduce_precision", "dynamic_slice", "gather", "sharding_constraint", "pvary", "pcast"],
+        (0,),
+    ),
+    "add": (0, 1), "sub": (0, 1), "add_any": (0, 1), "pad": (0, 1),
+    "dynamic_update_slice": (0, 1), "scatter-add": (0, 2), "scatter_add": (0, 2),
+}
+#: bilinear primitives: linear in each input when the other one is fixed
+_BILINEAR = {"mul", "dot_general"}
+#: elementwise functions of one input: f' and f'' from forward over forward mode
+_UNARY = {
+    "tanh", "exp", "exp2", "log", "log1p", "expm1", "sin", "cos", "tan", "logistic", "sqrt",
+    "rsqrt", "cbrt", "integer_pow", "square", "erf", "erfc", "atan", "asin", "acos", "sinh",
+    "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma", "abs",
+}
+#: primitives holding a sub-jaxpr that is interpreted in place (custom rules are not used:
+#: the primal program is differentiated, as forward-mode JAX does for custom_vjp)
+_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+          "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+          "remat": "jaxpr", "checkpoint": "jaxpr"}
+
+
+def _is_float(x: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def _zeros_if_none(lap: jax.Array | None, like: jax.Array) -> jax.Array:
+    return jnp.zeros_like(like) if lap is None else lap
+
+
+def _linear_rule(apply: Callable, ins: list, positions: tuple[int, ...]) -> list:
+    """``apply`` is linear in the inputs at ``positions`` (the others do not depend on r)."""
+    vals = [x.val if isinstance(x, _Jet) else x for x in ins]
+    outs = apply(vals)
+
+    def with_(parts: dict[int, jax.Array]) -> list:
+        return apply([parts.get(k, v) if k in positions else v for k, v in enumerate(vals)])
+
+    dep = [k for k in positions if k < len(ins) and isinstance(ins[k], _Jet)]
+    zero = {k: jnp.zeros_like(vals[k]) for k in positions if k < len(ins) and k not in dep}
+    jacs = jax.vmap(lambda *js: with_({**zero, **dict(zip(dep, js))}))(*[ins[k].jac for k in dep])
+    if all(ins[k].lap is None for k in dep):
+        laps = [None] * len(outs)
+    else:
+        laps = with_({**zero, **{k: _zeros_if_none(ins[k].lap, vals[k]) for k in dep}})
+    return [_Jet(o, j, l) if _is_float(o) else o for o, j, l in zip(outs, jacs, laps)]
+
+
+def _bilinear_rule(apply: Callable, a: _Jet, b: _Jet) -> list:
+    """``apply(a, b)`` bilinear, both inputs depending on r: the product rule, twice."""
+    (out,) = apply([a.val, b.val])
+    jac = jax.vmap(lambda ja, jb: apply([ja, b.val])[0] + apply([a.val, jb])[0])(a.jac, b.jac)
+    cross = jnp.sum(jax.vmap(lambda ja, jb: apply([ja, jb])[0])(a.jac, b.jac), axis=0)
+    lap = 2.0 * cross
+    if a.lap is not None:
+        lap = lap + apply([a.lap, b.val])[0]
+    if b.lap is not None:
+        lap = lap + apply([a.val, b.lap])[0]
+    return [_Jet(out, jac, lap)]
+
+
+def _unary_rule(apply: Callable, x: _Jet) -> list:
+    """Elementwise ``f``: jac = f'(x) jac_x, lap = f'(x) lap_x + f''(x) sum_k jac_x[k]^2."""
+    ones = jnp.ones_like(x.val)
+
+    def slope(v: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jax.jvp(lambda u: apply([u])[0], (v,), (ones,))
+
+    (out, d1), (_, d2) = jax.jvp(slope, (x.val,), (ones,))
+    lap = d2 * jnp.sum(x.jac * x.jac, axis=0)
+    if x.lap is not None:
+        lap = lap + d1 * x.lap
+    return [_Jet(out, d1 * x.jac, lap)]
+
+
+def _generic_rule(apply: Callable, ins: list) -> list:
+    """Any primitive: forward over forward mode on it alone, along each jac direction."""
+    vals = [x.val if isinstance(x, _Jet) else x for x in ins]
+    dep = [k for k, x in enumerate(ins) if isinstance(x, _Jet)]
+
+    def f(*dep_vals: jax.Array) -> list:
+        full = list(vals)
+        for k, v in zip(dep, dep_vals):
+            full[k] = v
+        return apply(full)
+
+    primals = tuple(vals[k] for k in dep)
+
+    def along(*tangents: jax.Array) -> tuple[list, list]:
+        def first(*p: jax.Array) -> list:
+            return jax.jvp(f, p, tangents)[1]
+
+        return jax.jvp(first, primals, tangents)
+
+    outs = f(*primals)
+    float_out = [_is_float(o) for o in outs]
+    if not any(float_out):
+        return outs
+    firsts, seconds = jax.vmap(along)(*[ins[k].jac for k in dep])
+    laps_in = tuple(_zeros_if_none(ins[k].lap, vals[k]) for k in dep)
+    _, lin = jax.jvp(f, primals, laps_in)
+    return [
+        _Jet(o, j, l + jnp.sum(s, axis=0)) if fl else o
+        for o, j, s, l, fl in zip(outs, firsts, seconds, lin, float_out)
+    ]
+
+
+def _forward_laplacian_jaxpr(jaxpr: Any, consts: list, args: list) -> list:
+    """Interpret ``jaxpr`` on inputs that are arrays or :class:`_Jet` s."""
+    env: dict[Any, Any] = {}
+    for var, value in zip(jaxpr.constvars, consts):
+        env[var] = value
+    for var, value in zip(jaxpr.invars, args):
+        env[var] = value
+    for eqn in jaxpr.eqns:
+        ins = [compat.jaxpr_atom_value(a, env) for a in eqn.invars]
+        name = eqn.primitive.name
+
+        def apply(invals: list, eqn: Any = eqn) -> list:
+            return compat.bind_equation(eqn, invals)
+
+        dep = [k for k, x in enumerate(ins) if isinstance(x, _Jet)]
+        if not dep:
+            outs = apply(ins)
+        elif name in _CALLS and _CALLS[name] in eqn.params:
+            sub = eqn.params[_CALLS[name]]
+            inner, inner_consts = (sub.jaxpr, list(sub.consts)) if hasattr(sub, "consts") else (sub, [])
+            outs = _forward_laplacian_jaxpr(inner, inner_consts, ins)
+        elif name in _LINEAR and set(dep) <= set(_LINEAR[name]):
+            outs = _linear_rule(apply, ins, _LINEAR[name])
+        elif name == "select_n" and 0 not in dep:  # piecewise linear in the cases
+            outs = _linear_rule(apply, ins, tuple(range(1, len(ins))))
+        elif name == "concatenate":
+            outs = _linear_rule(apply, ins, tuple(range(len(ins))))
+        elif name in _BILINEAR and len(dep) == 1:
+            outs = _linear_rule(apply, ins, tuple(dep))
+        elif name in _BILINEAR:
+            outs = _bilinear_rule(apply, ins[0], ins[1])
+        elif name == "div" and dep == [0]:
+            outs = _linear_rule(apply, ins, (0,))
+        elif name in _UNARY and len(ins) == 1:
+            outs = _unary_rule(apply, ins[0])
+        else:
+            outs = _generic_rule(apply, ins)
+        for var, value in zip(eqn.outvars, outs):
+            env[var] = value
+    return [compat.jaxpr_atom_value(a, env) for a in jaxpr.outvars]
+
+
+def forward_laplacian(
+    fn: Callable[[jax.Array], jax.Array], r: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(f(r), ∂f/∂r, Σ_k ∂²f/∂r_k²)`` of ``fn`` at a 1-D ``r``, in one forward pass.
+
+    The forward Laplacian (Li et al., Nature Machine Intelligence 2024): every
+    intermediate value :math:`v` travels with its Jacobian :math:`\\partial v/\\partial r`
+    (``d`` rows) and its Laplacian :math:`\\Delta v`, and each operation maps the triple
+    on: a linear map applies to all three, a product :math:`ab` gives
+    :math:`\\Delta(ab) = a\\Delta b + b\\Delta a + 2\\sum_k\\partial_k a\\,\\partial_k b`,
+    an elementwise :math:`f` gives :math:`f'(v)\\Delta v + f''(v)\\sum_k(\\partial_k v)^2`,
+    and any other operation is differentiated on its own by forward over forward mode.
+    Values that do not depend on ``r`` (parameters) carry no derivatives. Compared with
+    forward over forward mode along the ``d`` directions, the summed second derivative is
+    carried once instead of ``d`` times, and no first derivative is computed twice.
+
+    Returns shapes ``out``, ``(*out, d)`` (Jacobian, last axis = input coordinate) and
+    ``out`` (``fn`` returns one array of shape ``out``).
+    """
+    r = jnp.asarray(r)
+    if r.ndim != 1 or not jnp.issubdtype(r.dtype, jnp.floating):
+        raise ValueError(f"r must be a 1-D floating-point array, got shape {r.shape}, dtype {r.dtype}")
+    closed = jax.make_jaxpr(fn)(r)
+    if len(closed.jaxpr.outvars) != 1:
+        raise ValueError(f"fn must return one array, got {len(closed.jaxpr.outvars)} outputs")
+    (out,) = _forward_laplacian_jaxpr(closed.jaxpr, list(closed.consts), [_Jet(r, basis(r), None)])
+    if not isinstance(out, _Jet):  # fn does not depend on r
+        out = _Jet(out, jnp.zeros((r.shape[0], *jnp.shape(out)), r.dtype), None)
+    lap = _zeros_if_none(out.lap, out.val)
+    return out.val, jnp.moveaxis(out.jac, 0, -1), lap
+
+
 def orbital_derivatives(
     orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The Slater matrix and its row derivatives: :math:`\\varphi_j(r_i)`, :math:`\\nabla\\varphi_j(r_i)`, :math:`\\Delta\\varphi_j(r_i)`.
 
-    Forward over forward mode along the 3 coordinate directions of each electron (the
-    second directional derivatives summed give the Laplacian). Shapes ``(n, n)``,
-    ``(n, n, 3)``, ``(n, n)``, indexed ``[i, j]`` = electron, orbital.
+    One forward-Laplacian pass (:func:`forward_laplacian`) per electron, over its 3
+    coordinates. Shapes ``(n, n)``, ``(n, n, 3)``, ``(n, n)``, indexed ``[i, j]`` =
+    electron, orbital.
+    """
+    positions = _check_positions(positions)
+    _check_orbitals(orbitals, positions)
+    return jax.vmap(lambda r: forward_laplacian(orbitals, r))(positions)
+
+
+def orbital_derivatives_fwdfwd(
+    orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`orbital_derivatives` by forward over forward mode along the 3 coordinate axes.
+
+    The textbook route (and the reference the forward Laplacian is tested against): for
+    each direction :math:`e_k`, ``jax.jvp`` of ``jax.jvp`` gives the first and second
+    directional derivatives; the three second derivatives are summed at the end.
     """
     positions = _check_positions(positions)
     _check_orbitals(orbitals, positions)
 
     def derivatives(r: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         def along(e: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-            # forward over forward mode along e: value, first and second directional derivatives
             def value_and_slope(s: jax.Array) -> tuple[jax.Array, jax.Array]:
                 return jax.jvp(orbitals, (s,), (e,))
 
@@ -171,10 +388,16 @@ def slater_laplacian(
     """``(log|ψ|, ∇log|ψ|, Δlog|ψ|)`` for single-particle orbitals, in :math:`O(n^3)`.
 
     Electron :math:`i` only enters row :math:`i` of :math:`A`, so the derivatives of
-    :math:`\\log|\\det A|` need only the orbitals' own derivatives at each electron
-    (:func:`orbital_derivatives`, forward mode) and :math:`A^{-1}` (:func:`row_formula`).
+    :math:`\\log|\\det A|` need only the orbitals' own value, gradient and Laplacian at
+    each electron (:func:`orbital_derivatives`: one forward-Laplacian pass per electron
+    over its 3 coordinates) and :math:`A^{-1}` (:func:`row_formula`: one LU factorisation
+    gives both :math:`\\log|\\det A|` and :math:`A^{-1}`). ``orbitals`` is any JAX
+    function ``r (3,) -> (n,)``; no hand-written derivatives are needed.
+
     Shapes: scalar, ``(n, 3)``, scalar. Only valid when each orbital depends on one
-    electron; with FermiNet-style equivariant orbitals use :func:`laplacian`.
+    electron: orbitals of all electrons at once (as in FermiNet) are rejected with a
+    ``ValueError`` (the check evaluates ``orbitals`` abstractly on one ``(3,)``
+    position); for those use ``laplacian.laplacian(..., method="folx")``.
     """
     return row_formula(*orbital_derivatives(orbitals, positions))
 
