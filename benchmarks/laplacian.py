@@ -67,12 +67,29 @@ from beyondgrad import laplacian as L
 from beyondgrad import measure, slater
 
 T0 = time.perf_counter()
-RECORD = Path(__file__).resolve().parents[1] / "src" / "beyondgrad" / "figures" / "laplacian_benchmark.json"
+RECORD = (
+    Path(__file__).resolve().parents[1]
+    / "src"
+    / "beyondgrad"
+    / "figures"
+    / "laplacian_benchmark.json"
+)
 FOLX_SPARSITY = (0, 0.6, 0.9)
 THE_METHOD = "slater_laplacian"
 #: left out of --quick (slow to compile or run; the full run has them)
-QUICK_SKIP = ("hessian", "loop", "hutchinson(16)", "folx(s=0.9)", "slater rows, folx orbitals")
-TARGETS = {"ratio_folx_best": 0.5, "ratio_log_psi": 3.0, "rel_err": 1e-5, "growth_exponent": 3.0}
+QUICK_SKIP = (
+    "hessian",
+    "loop",
+    "hutchinson(16)",
+    "folx(s=0.9)",
+    "slater rows, folx orbitals",
+)
+TARGETS = {
+    "ratio_folx_best": 0.5,
+    "ratio_log_psi": 3.0,
+    "rel_err": 1e-5,
+    "growth_exponent": 3.0,
+}
 
 
 # --------------------------------------------------------------------------- orbital families
@@ -80,32 +97,48 @@ TARGETS = {"ratio_folx_best": 0.5, "ratio_log_psi": 3.0, "rel_err": 1e-5, "growt
 
 def gto_params(key: jax.Array, n: int) -> dict:
     k1, k2, k3 = jax.random.split(key, 3)
-    return {"centres": 1.2 * jax.random.normal(k1, (n, 3)),
-            "alpha": jax.random.uniform(k2, (n,), minval=0.3, maxval=1.0),
-            "coef": jax.random.normal(k3, (n, 10)) / jnp.sqrt(10.0)}
+    return {
+        "centres": 1.2 * jax.random.normal(k1, (n, 3)),
+        "alpha": jax.random.uniform(k2, (n,), minval=0.3, maxval=1.0),
+        "coef": jax.random.normal(k3, (n, 10)) / jnp.sqrt(10.0),
+    }
 
 
 def gto_orbitals(p: dict, r: jax.Array) -> jax.Array:
     d = r - p["centres"]  # (n, 3)
     x, y, z = d[:, 0], d[:, 1], d[:, 2]
-    poly = jnp.stack([jnp.ones_like(x), x, y, z, x * x, y * y, z * z, x * y, x * z, y * z], axis=-1)
-    return jnp.sum(p["coef"] * poly, axis=-1) * jnp.exp(-p["alpha"] * jnp.sum(d * d, axis=-1))
+    poly = jnp.stack(
+        [jnp.ones_like(x), x, y, z, x * x, y * y, z * z, x * y, x * z, y * z], axis=-1
+    )
+    return jnp.sum(p["coef"] * poly, axis=-1) * jnp.exp(
+        -p["alpha"] * jnp.sum(d * d, axis=-1)
+    )
 
 
 def _wave_vectors(n: int) -> np.ndarray:
     """The n shortest nonzero integer wave vectors (a simple-cubic grid), shortest first."""
     m = math.ceil(n ** (1 / 3)) + 1
-    grid = np.array([(i, j, k) for i in range(-m, m + 1) for j in range(-m, m + 1) for k in range(-m, m + 1)
-                     if (i, j, k) != (0, 0, 0)], np.float32)
+    grid = np.array(
+        [
+            (i, j, k)
+            for i in range(-m, m + 1)
+            for j in range(-m, m + 1)
+            for k in range(-m, m + 1)
+            if (i, j, k) != (0, 0, 0)
+        ],
+        np.float32,
+    )
     order = np.lexsort((grid[:, 2], grid[:, 1], grid[:, 0], np.sum(grid**2, axis=1)))
     return grid[order[:n]]
 
 
 def pw_params(key: jax.Array, n: int) -> dict:
     k1, k2 = jax.random.split(key)
-    return {"k": jnp.asarray(2 * np.pi / 6.0 * _wave_vectors(n)),  # box of side 6
-            "mix": jnp.eye(n) + 0.3 * jax.random.normal(k1, (n, n)) / jnp.sqrt(n),
-            "jastrow": jnp.array([0.25, 0.3]) + 0.0 * jax.random.normal(k2, (2,))}
+    return {
+        "k": jnp.asarray(2 * np.pi / 6.0 * _wave_vectors(n)),  # box of side 6
+        "mix": jnp.eye(n) + 0.3 * jax.random.normal(k1, (n, n)) / jnp.sqrt(n),
+        "jastrow": jnp.array([0.25, 0.3]) + 0.0 * jax.random.normal(k2, (2,)),
+    }
 
 
 def pw_orbitals(p: dict, r: jax.Array) -> jax.Array:
@@ -157,14 +190,18 @@ def method_fns(family: str, n: int) -> dict[str, Callable]:
 
         def fn(params, pos):
             flat = lambda v: log_psi(params, v.reshape(n, 3))  # noqa: E731
-            out = folx.forward_laplacian(flat, sparsity_threshold=sparsity)(pos.reshape(-1))
+            out = folx.forward_laplacian(flat, sparsity_threshold=sparsity)(
+                pos.reshape(-1)
+            )
             return out.jacobian.dense_array, out.laplacian
 
         return fn
 
     def rows(derivatives):
         def fn(params, pos):
-            _, g, lap = slater.row_formula(*derivatives(functools.partial(orbitals, params), pos))
+            _, g, lap = slater.row_formula(
+                *derivatives(functools.partial(orbitals, params), pos)
+            )
             return g.reshape(-1), lap
 
         return fn
@@ -183,18 +220,27 @@ def method_fns(family: str, n: int) -> dict[str, Callable]:
     fns["slater rows, folx orbitals"] = rows(folx_orbital_derivatives)
     if family == "mlp":
         fns["mlp analytic"] = lambda p, pos: (lambda out: (out[1].reshape(-1), out[2]))(
-            slater.mlp_slater_laplacian(p, pos))
+            slater.mlp_slater_laplacian(p, pos)
+        )
     fns["hutchinson(16)"] = generic("hutchinson", key=jax.random.key(0), num_samples=16)
     return fns
 
 
-def make_problem(family: str, n: int, batch: int, steps: int) -> tuple[dict, jax.Array, float]:
+def make_problem(
+    family: str, n: int, batch: int, steps: int
+) -> tuple[dict, jax.Array, float]:
     """float32 ``(params, walkers sampled from |ψ|², acceptance rate)``."""
     make, _ = FAMILIES[family]
     params = make(jax.random.key(n), n)
     start = 1.0 * jax.random.normal(jax.random.key(100 + n), (batch, n, 3), jnp.float32)
-    walkers, acceptance = slater.sample_walkers(family_log_psi(family), params, start, jax.random.key(200 + n),
-                                                steps=steps, step_size=0.6 / math.sqrt(n))
+    walkers, acceptance = slater.sample_walkers(
+        family_log_psi(family),
+        params,
+        start,
+        jax.random.key(200 + n),
+        steps=steps,
+        step_size=0.6 / math.sqrt(n),
+    )
     return params, walkers, float(acceptance)
 
 
@@ -203,8 +249,15 @@ def relative_error(lap32, ref64) -> float:
     return float(np.linalg.norm(diff) / np.linalg.norm(ref64))
 
 
-def run(families, sizes, batch: int, repeats: int, steps: int, budget_s: float,
-        skip_methods: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
+def run(
+    families,
+    sizes,
+    batch: int,
+    repeats: int,
+    steps: int,
+    budget_s: float,
+    skip_methods: tuple[str, ...] = (),
+) -> tuple[list[dict], dict]:
     rows, extra = [], {}
     for family in families:
         too_slow: set[str] = set(skip_methods)
@@ -213,28 +266,47 @@ def run(families, sizes, batch: int, repeats: int, steps: int, budget_s: float,
             fns = {k: v for k, v in method_fns(family, n).items() if k not in too_slow}
             with jax.enable_x64(True):
                 params64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
-                ref_fn = jax.jit(jax.vmap(method_fns(family, n)["vmap"], in_axes=(None, 0)))
+                ref_fn = jax.jit(
+                    jax.vmap(method_fns(family, n)["vmap"], in_axes=(None, 0))
+                )
                 ref = np.asarray(ref_fn(params64, walkers.astype(jnp.float64))[1])
             log_psi = jax.jit(jax.vmap(family_log_psi(family), in_axes=(None, 0)))
             jitted = {"log|psi|": log_psi}
-            jitted.update({k: jax.jit(jax.vmap(f, in_axes=(None, 0))) for k, f in fns.items()})
-            timings = measure.time_calls([(f, (params, walkers)) for f in jitted.values()], repeats=repeats)
+            jitted.update(
+                {k: jax.jit(jax.vmap(f, in_axes=(None, 0))) for k, f in fns.items()}
+            )
+            timings = measure.time_calls(
+                [(f, (params, walkers)) for f in jitted.values()], repeats=repeats
+            )
             t = dict(zip(jitted, timings))
             folx_best = min(t[k].min for k in jitted if k.startswith("folx("))
             for name, f in jitted.items():
-                err = 0.0 if name == "log|psi|" else relative_error(f(params, walkers)[1], ref)
-                rows.append({
-                    "family": family, "n": n, "method": name,
-                    "min_ms": 1e3 * t[name].min, "median_ms": 1e3 * t[name].median,
-                    "ratio_log_psi": t[name].min / t["log|psi|"].min,
-                    "ratio_folx_best": t[name].min / folx_best,
-                    "temp_bytes": measure.temp_bytes(f, params, walkers),
-                    "rel_err": None if name == "log|psi|" else err,
-                })
+                err = (
+                    0.0
+                    if name == "log|psi|"
+                    else relative_error(f(params, walkers)[1], ref)
+                )
+                rows.append(
+                    {
+                        "family": family,
+                        "n": n,
+                        "method": name,
+                        "min_ms": 1e3 * t[name].min,
+                        "median_ms": 1e3 * t[name].median,
+                        "ratio_log_psi": t[name].min / t["log|psi|"].min,
+                        "ratio_folx_best": t[name].min / folx_best,
+                        "temp_bytes": measure.temp_bytes(f, params, walkers),
+                        "rel_err": None if name == "log|psi|" else err,
+                    }
+                )
                 if t[name].median * repeats > budget_s:
                     too_slow.add(name)
             extra[family, n] = {"acceptance": acceptance}
-            print(f"  done: {family} n = {n} ({time.perf_counter() - T0:.0f} s)", file=sys.stderr, flush=True)
+            print(
+                f"  done: {family} n = {n} ({time.perf_counter() - T0:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows, extra
 
 
@@ -242,17 +314,27 @@ def run(families, sizes, batch: int, repeats: int, steps: int, budget_s: float,
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'family':<11} {'n':>3} {'method':<28} {'min ms':>9} {'median ms':>10} {'/log|ψ|':>8} "
-          f"{'/folx-best':>10} {'temp MiB':>9} {'rel err':>9}")
+    print(
+        f"{'family':<11} {'n':>3} {'method':<28} {'min ms':>9} {'median ms':>10} {'/log|ψ|':>8} "
+        f"{'/folx-best':>10} {'temp MiB':>9} {'rel err':>9}"
+    )
     for r in rows:
         err = "" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
         temp = "n/a" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.2f}"
-        print(f"{r['family']:<11} {r['n']:>3} {r['method']:<28} {r['min_ms']:>9.3f} {r['median_ms']:>10.3f} "
-              f"{r['ratio_log_psi']:>8.2f} {r['ratio_folx_best']:>10.3f} {temp:>9} {err:>9}")
+        print(
+            f"{r['family']:<11} {r['n']:>3} {r['method']:<28} {r['min_ms']:>9.3f} {r['median_ms']:>10.3f} "
+            f"{r['ratio_log_psi']:>8.2f} {r['ratio_folx_best']:>10.3f} {temp:>9} {err:>9}"
+        )
 
 
-def growth_exponent(rows: list[dict], family: str, method: str, n0: int = 32, n1: int = 64) -> float | None:
-    t = {r["n"]: r["min_ms"] for r in rows if r["family"] == family and r["method"] == method}
+def growth_exponent(
+    rows: list[dict], family: str, method: str, n0: int = 32, n1: int = 64
+) -> float | None:
+    t = {
+        r["n"]: r["min_ms"]
+        for r in rows
+        if r["family"] == family and r["method"] == method
+    }
     if n0 in t and n1 in t:
         return math.log(t[n1] / t[n0]) / math.log(n1 / n0)
     return None
@@ -265,8 +347,16 @@ def check_targets(rows: list[dict]) -> list[dict]:
         if r["method"] != THE_METHOD or r["n"] not in (32, 64):
             continue
         k = growth_exponent(rows, r["family"], THE_METHOD) if r["n"] == 64 else None
-        results.append({"family": r["family"], "n": r["n"], "ratio_folx_best": r["ratio_folx_best"],
-                        "ratio_log_psi": r["ratio_log_psi"], "rel_err": r["rel_err"], "growth_exponent": k})
+        results.append(
+            {
+                "family": r["family"],
+                "n": r["n"],
+                "ratio_folx_best": r["ratio_folx_best"],
+                "ratio_log_psi": r["ratio_log_psi"],
+                "rel_err": r["rel_err"],
+                "growth_exponent": k,
+            }
+        )
     if not results:
         print("\n(targets are stated at n = 32 and 64)")
     for res in results:
@@ -275,7 +365,9 @@ def check_targets(rows: list[dict]) -> list[dict]:
             v = res[name]
             if v is None:
                 continue
-            parts.append(f"{name} {v:.3g} (<= {limit:g}: {'met' if v <= limit else 'NOT met'})")
+            parts.append(
+                f"{name} {v:.3g} (<= {limit:g}: {'met' if v <= limit else 'NOT met'})"
+            )
         print(f"  {res['family']:<11} n = {res['n']}: " + "; ".join(parts))
     return results
 
@@ -284,26 +376,49 @@ def machine() -> str:
     dev = jax.devices()[0]
     import os
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = (
+        len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count()
+    )
     return f"{platform.processor() or platform.machine()}, {cores} cores available, {dev.platform} ({dev.device_kind})"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="n in 8 16 32, 3 repeats, short sampling")
-    ap.add_argument("--sizes", type=int, nargs="*", help="electron counts (default 8 16 32 64)")
-    ap.add_argument("--families", nargs="*", choices=sorted(FAMILIES), help="default: all")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="n in 8 16 32, 3 repeats, short sampling"
+    )
+    ap.add_argument(
+        "--sizes", type=int, nargs="*", help="electron counts (default 8 16 32 64)"
+    )
+    ap.add_argument(
+        "--families", nargs="*", choices=sorted(FAMILIES), help="default: all"
+    )
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--steps", type=int, default=None, help="Metropolis steps (default 1000, quick 200)")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="drop a method at larger n once repeats x median exceeds this many seconds "
-                         "(default 0.5 with --quick, else 4)")
-    ap.add_argument("--record", action="store_true", help=f"write the results to {RECORD.name}")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="Metropolis steps (default 1000, quick 200)",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="drop a method at larger n once repeats x median exceeds this many seconds "
+        "(default 0.5 with --quick, else 4)",
+    )
+    ap.add_argument(
+        "--record", action="store_true", help=f"write the results to {RECORD.name}"
+    )
     args = ap.parse_args(argv)
     jax.config.update("jax_enable_x64", False)
     sizes = args.sizes or ([8, 16, 32] if args.quick else [8, 16, 32, 64])
-    repeats = args.repeats or (7 if args.quick else 15)
+    repeats = args.repeats or (7 if args.quick else 9)
     steps = args.steps or (200 if args.quick else 1000)
     families = args.families or list(FAMILIES)
     skip = QUICK_SKIP if args.quick else ()
@@ -314,26 +429,40 @@ def main(argv: list[str] | None = None) -> int:
         from importlib.metadata import version
 
         folx_version = version("folx")
-    print(f"JAX {jax.__version__}, folx {folx_version}, {machine()}; batch {args.batch}, float32, "
-          f"{repeats} interleaved repeats")
+    print(
+        f"JAX {jax.__version__}, folx {folx_version}, {machine()}; batch {args.batch}, float32, "
+        f"{repeats} interleaved repeats"
+    )
     t0 = time.perf_counter()
     budget = args.budget if args.budget is not None else (0.5 if args.quick else 4.0)
     rows, extra = run(families, sizes, args.batch, repeats, steps, budget, skip)
     duration = time.perf_counter() - t0
     print_table(rows)
-    print("\nacceptance of the Metropolis sampling: "
-          + ", ".join(f"{f} n={n}: {e['acceptance']:.2f}" for (f, n), e in extra.items()))
+    print(
+        "\nacceptance of the Metropolis sampling: "
+        + ", ".join(f"{f} n={n}: {e['acceptance']:.2f}" for (f, n), e in extra.items())
+    )
     print(f"\ntargets for {THE_METHOD} (ratios from the minimum of the repeats):")
     check_targets(rows)
     print(f"\ntotal {duration:.0f} s")
     if args.record:
-        command = "python benchmarks/laplacian.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        record = {"command": command.strip(), "machine": machine(), "jax": jax.__version__, "folx": folx_version,
-                  "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                  "duration_s": round(duration, 1), "batch": args.batch, "repeats": repeats,
-                  "dtype": "float32", "targets": TARGETS,
-                  "note": "shared machine: timings disturbed by other processes; ratios use the minimum",
-                  "rows": rows}
+        command = "python benchmarks/laplacian.py " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
+        record = {
+            "command": command.strip(),
+            "machine": machine(),
+            "jax": jax.__version__,
+            "folx": folx_version,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "duration_s": round(duration, 1),
+            "batch": args.batch,
+            "repeats": repeats,
+            "dtype": "float32",
+            "targets": TARGETS,
+            "note": "shared machine: timings disturbed by other processes; ratios use the minimum",
+            "rows": rows,
+        }
         RECORD.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {RECORD}")
     return 0

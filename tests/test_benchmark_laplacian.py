@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_laplacian", ROOT / "benchmarks" / "laplacian.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_laplacian", ROOT / "benchmarks" / "laplacian.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -26,7 +28,10 @@ def bench():
 def test_every_family_and_method_agrees_with_float64_hessian(bench, family):
     n = 3
     with jax.enable_x64(True):
-        params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), bench.FAMILIES[family][0](jax.random.key(n), n))
+        params = jax.tree.map(
+            lambda a: jnp.asarray(a, jnp.float64),
+            bench.FAMILIES[family][0](jax.random.key(n), n),
+        )
         pos = 0.7 * jax.random.normal(jax.random.key(1), (n, 3), jnp.float64)
         flat = lambda v: bench.family_log_psi(family)(params, v.reshape(n, 3))  # noqa: E731
         want_g = jax.grad(flat)(pos.reshape(-1))
@@ -35,21 +40,55 @@ def test_every_family_and_method_agrees_with_float64_hessian(bench, family):
             if name.startswith("hutchinson"):
                 continue
             g, lap = jax.jit(fn)(params, pos)
-            np.testing.assert_allclose(np.asarray(g), np.asarray(want_g), rtol=1e-9, atol=1e-11, err_msg=name)
+            np.testing.assert_allclose(
+                np.asarray(g), np.asarray(want_g), rtol=1e-9, atol=1e-11, err_msg=name
+            )
             np.testing.assert_allclose(float(lap), float(want), rtol=1e-9, err_msg=name)
 
 
 def test_benchmark_run_rows_and_record(bench, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "RECORD", tmp_path / "laplacian_benchmark.json")
-    bench.main(["--sizes", "3", "--families", "pw-jastrow", "--repeats", "1", "--steps", "5", "--record"])
+    bench.main(
+        [
+            "--sizes",
+            "3",
+            "--families",
+            "pw-jastrow",
+            "--repeats",
+            "1",
+            "--steps",
+            "5",
+            "--record",
+        ]
+    )
     record = json.loads((tmp_path / "laplacian_benchmark.json").read_text())
-    assert set(record) >= {"command", "machine", "jax", "folx", "date", "rows", "duration_s"}
+    assert set(record) >= {
+        "command",
+        "machine",
+        "jax",
+        "folx",
+        "date",
+        "rows",
+        "duration_s",
+    }
     assert record["jax"] == jax.__version__
     rows = record["rows"]
-    keys = {"family", "n", "method", "min_ms", "median_ms", "ratio_log_psi", "ratio_folx_best", "temp_bytes",
-            "rel_err"}
+    keys = {
+        "family",
+        "n",
+        "method",
+        "min_ms",
+        "median_ms",
+        "ratio_log_psi",
+        "ratio_folx_best",
+        "temp_bytes",
+        "rel_err",
+    }
     assert all(set(r) == keys for r in rows)
-    assert {r["method"] for r in rows} == {"log|psi|", *bench.method_fns("pw-jastrow", 3)}
+    assert {r["method"] for r in rows} == {
+        "log|psi|",
+        *bench.method_fns("pw-jastrow", 3),
+    }
     folx = [r["ratio_folx_best"] for r in rows if r["method"].startswith("folx(")]
     assert min(folx) == pytest.approx(1.0)
     by_method = {r["method"]: r for r in rows}
@@ -71,21 +110,43 @@ def test_hutchinson_row_error_is_the_statistical_error(bench):
         p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
         w64 = walkers.astype(jnp.float64)
         flat = lambda p, x: bench.family_log_psi(family)(p, x.reshape(n, 3))  # noqa: E731
-        exact = jax.vmap(lambda x: L.laplacian(lambda v: flat(p64, v), x.reshape(-1), method="vmap"))(w64)
-        spread = jax.vmap(lambda x: jnp.std(L.hutchinson_samples(
-            lambda v: flat(p64, v), x.reshape(-1), jax.random.key(9), 4096)))(w64)
+        exact = jax.vmap(
+            lambda x: L.laplacian(lambda v: flat(p64, v), x.reshape(-1), method="vmap")
+        )(w64)
+        spread = jax.vmap(
+            lambda x: jnp.std(
+                L.hutchinson_samples(
+                    lambda v: flat(p64, v), x.reshape(-1), jax.random.key(9), 4096
+                )
+            )
+        )(w64)
     got = jax.jit(jax.vmap(fn, in_axes=(None, 0)))(params, walkers)[1]
     err = bench.relative_error(got, np.asarray(exact))
-    predicted = float(np.sqrt(np.sum(np.asarray(spread) ** 2) / 16) / np.linalg.norm(np.asarray(exact)))
+    predicted = float(
+        np.sqrt(np.sum(np.asarray(spread) ** 2) / 16)
+        / np.linalg.norm(np.asarray(exact))
+    )
     assert 0 < err < 4 * predicted, (err, predicted)
 
 
 def test_check_targets_reads_the_rows(bench, capsys):
     def row(n, method, ms, folx, logpsi, err):
-        return {"family": "f", "n": n, "method": method, "min_ms": ms, "median_ms": ms, "ratio_folx_best": folx,
-                "ratio_log_psi": logpsi, "temp_bytes": 0, "rel_err": err}
+        return {
+            "family": "f",
+            "n": n,
+            "method": method,
+            "min_ms": ms,
+            "median_ms": ms,
+            "ratio_folx_best": folx,
+            "ratio_log_psi": logpsi,
+            "temp_bytes": 0,
+            "rel_err": err,
+        }
 
-    rows = [row(32, "slater_laplacian", 1.0, 0.4, 2.5, 2e-6), row(64, "slater_laplacian", 16.0, 0.6, 3.5, 2e-5)]
+    rows = [
+        row(32, "slater_laplacian", 1.0, 0.4, 2.5, 2e-6),
+        row(64, "slater_laplacian", 16.0, 0.6, 3.5, 2e-5),
+    ]
     results = bench.check_targets(rows)
     assert [r["n"] for r in results] == [32, 64]
     assert results[1]["growth_exponent"] == pytest.approx(4.0)

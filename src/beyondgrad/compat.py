@@ -183,9 +183,9 @@ def bind_equation(eqn: Any, invals: Sequence[Any]) -> list[Any]:
     ``jax.jvp``/``jax.vmap`` by an interpreter.
     """
     bind_params = eqn.primitive.get_bind_params(eqn.params)
-    if jax_version() >= (0, 9, 0) and not isinstance(bind_params, tuple):
-        subfuns, params = (), bind_params  # newer JAX: sub-functions stay in the params
-    else:
-        subfuns, params = bind_params  # 0.8.x: (sub-functions, params)
+    if isinstance(bind_params, tuple):  # JAX 0.8.x: (sub-functions, params)
+        subfuns, params = bind_params
+    else:  # newer JAX: the sub-functions stay inside the params
+        subfuns, params = (), bind_params
     out = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]

@@ -80,7 +80,11 @@ def _check_function(f: object, name: str = "f") -> None:
 
 
 def _check_num_samples(num_samples: object) -> None:
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+    if (
+        isinstance(num_samples, bool)
+        or not isinstance(num_samples, int)
+        or num_samples < 1
+    ):
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
 
 
@@ -91,7 +95,9 @@ def _check_key(key: object, method: str) -> None:
             "(one key per walker: jax.random.fold_in(key, walker_index))"
         )
     if not isinstance(key, jax.Array):
-        raise TypeError(f"key must be a JAX PRNG key (jax.random.key(0)), got {type(key).__name__}")
+        raise TypeError(
+            f"key must be a JAX PRNG key (jax.random.key(0)), got {type(key).__name__}"
+        )
 
 
 def _check_input(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
@@ -103,7 +109,9 @@ def _check_input(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array
             "for a batch of points use jax.vmap over laplacian"
         )
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"x must be a floating-point array (e.g. x.astype(jnp.float32)), got dtype {x.dtype}")
+        raise TypeError(
+            f"x must be a floating-point array (e.g. x.astype(jnp.float32)), got dtype {x.dtype}"
+        )
     out = jax.eval_shape(f, x)
     if getattr(out, "shape", None) != ():
         got = getattr(out, "shape", type(out).__name__)
@@ -217,7 +225,11 @@ def laplacian(
     integer ``x``.
     """
     return grad_and_laplacian(
-        f, x, method=method, key=key, num_samples=num_samples,
+        f,
+        x,
+        method=method,
+        key=key,
+        num_samples=num_samples,
         sparsity_threshold=sparsity_threshold,
     )[1]
 
@@ -246,7 +258,11 @@ def kinetic_energy(
         return log_psi(v.reshape(shape))
 
     g, lap = grad_and_laplacian(
-        flat, x.reshape(-1), method=method, key=key, num_samples=num_samples,
+        flat,
+        x.reshape(-1),
+        method=method,
+        key=key,
+        num_samples=num_samples,
         sparsity_threshold=sparsity_threshold,
     )
     return -0.5 * (lap + jnp.sum(g * g))

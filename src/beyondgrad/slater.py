@@ -71,9 +71,13 @@ Estimator = Literal["vmc", "direct"]
 def _check_positions(positions: jax.Array) -> jax.Array:
     positions = jnp.asarray(positions)
     if positions.ndim != 2 or positions.shape[1] != 3:
-        raise ValueError(f"positions must have shape (n, 3) (n electrons in 3-D), got {positions.shape}")
+        raise ValueError(
+            f"positions must have shape (n, 3) (n electrons in 3-D), got {positions.shape}"
+        )
     if not jnp.issubdtype(positions.dtype, jnp.floating):
-        raise TypeError(f"positions must be a floating-point array, got dtype {positions.dtype}")
+        raise TypeError(
+            f"positions must be a floating-point array, got dtype {positions.dtype}"
+        )
     return positions
 
 
@@ -86,10 +90,14 @@ _ALL_ELECTRONS_HINT = (
 )
 
 
-def _check_orbitals(orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array) -> None:
+def _check_orbitals(
+    orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
+) -> None:
     """Cheap structural check (one abstract evaluation, no FLOPs): ``orbitals(r (3,)) -> (n,)``."""
     if not callable(orbitals):
-        raise TypeError(f"orbitals must be a function r (3,) -> (n,), got {type(orbitals).__name__}")
+        raise TypeError(
+            f"orbitals must be a function r (3,) -> (n,), got {type(orbitals).__name__}"
+        )
     n = positions.shape[0]
     try:
         out = jax.eval_shape(orbitals, jax.ShapeDtypeStruct((3,), positions.dtype))
@@ -107,14 +115,18 @@ def _check_orbitals(orbitals: Callable[[jax.Array], jax.Array], positions: jax.A
         )
 
 
-def slater_matrix(orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array) -> jax.Array:
+def slater_matrix(
+    orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
+) -> jax.Array:
     """The Slater matrix :math:`A_{ij}=\\varphi_j(r_i)`, shape ``(n, n)``."""
     positions = _check_positions(positions)
     _check_orbitals(orbitals, positions)
     return jax.vmap(orbitals)(positions)
 
 
-def slater_log_psi(orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array) -> jax.Array:
+def slater_log_psi(
+    orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
+) -> jax.Array:
     """:math:`\\log|\\det A|` with :math:`A_{ij}=\\varphi_j(r_i)` (``slogdet``, never ``log(det)``)."""
     return jnp.linalg.slogdet(slater_matrix(orbitals, positions))[1]
 
@@ -139,27 +151,83 @@ class _Jet(NamedTuple):
 #: primitives linear in the inputs at these positions (the other inputs must not depend on r)
 _LINEAR = {
     **dict.fromkeys(
-        ["neg", "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
-         "reduce_sum", "convert_element_type", "copy", "copy_p", "rev", "real", "cumsum",
-         "reduce_precision", "dynamic_slice", "gather", "sharding_constraint", "pvary", "pcast"],
+        [
+            "neg",
+            "reshape",
+            "broadcast_in_dim",
+            "transpose",
+            "squeeze",
+            "expand_dims",
+            "slice",
+            "reduce_sum",
+            "convert_element_type",
+            "copy",
+            "copy_p",
+            "rev",
+            "real",
+            "cumsum",
+            "reduce_precision",
+            "dynamic_slice",
+            "gather",
+            "sharding_constraint",
+            "pvary",
+            "pcast",
+        ],
         (0,),
     ),
-    "add": (0, 1), "sub": (0, 1), "add_any": (0, 1), "pad": (0, 1),
-    "dynamic_update_slice": (0, 1), "scatter-add": (0, 2), "scatter_add": (0, 2),
+    "add": (0, 1),
+    "sub": (0, 1),
+    "add_any": (0, 1),
+    "pad": (0, 1),
+    "dynamic_update_slice": (0, 1),
+    "scatter-add": (0, 2),
+    "scatter_add": (0, 2),
 }
 #: bilinear primitives: linear in each input when the other one is fixed
 _BILINEAR = {"mul", "dot_general"}
 #: elementwise functions of one input: f' and f'' from forward over forward mode
 _UNARY = {
-    "tanh", "exp", "exp2", "log", "log1p", "expm1", "sin", "cos", "tan", "logistic", "sqrt",
-    "rsqrt", "cbrt", "integer_pow", "square", "erf", "erfc", "atan", "asin", "acos", "sinh",
-    "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma", "abs",
+    "tanh",
+    "exp",
+    "exp2",
+    "log",
+    "log1p",
+    "expm1",
+    "sin",
+    "cos",
+    "tan",
+    "logistic",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "integer_pow",
+    "square",
+    "erf",
+    "erfc",
+    "atan",
+    "asin",
+    "acos",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "lgamma",
+    "digamma",
+    "abs",
 }
 #: primitives holding a sub-jaxpr that is interpreted in place (custom rules are not used:
 #: the primal program is differentiated, as forward-mode JAX does for custom_vjp)
-_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
-          "remat": "jaxpr", "checkpoint": "jaxpr"}
+_CALLS = {
+    "pjit": "jaxpr",
+    "jit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat": "jaxpr",
+    "checkpoint": "jaxpr",
+}
 
 
 def _is_float(x: Any) -> bool:
@@ -176,22 +244,30 @@ def _linear_rule(apply: Callable, ins: list, positions: tuple[int, ...]) -> list
     outs = apply(vals)
 
     def with_(parts: dict[int, jax.Array]) -> list:
-        return apply([parts.get(k, v) if k in positions else v for k, v in enumerate(vals)])
+        return apply(
+            [parts.get(k, v) if k in positions else v for k, v in enumerate(vals)]
+        )
 
     dep = [k for k in positions if k < len(ins) and isinstance(ins[k], _Jet)]
-    zero = {k: jnp.zeros_like(vals[k]) for k in positions if k < len(ins) and k not in dep}
-    jacs = jax.vmap(lambda *js: with_({**zero, **dict(zip(dep, js))}))(*[ins[k].jac for k in dep])
+    zero = {
+        k: jnp.zeros_like(vals[k]) for k in positions if k < len(ins) and k not in dep
+    }
+    jacs = jax.vmap(lambda *js: with_({**zero, **dict(zip(dep, js))}))(
+        *[ins[k].jac for k in dep]
+    )
     if all(ins[k].lap is None for k in dep):
         laps = [None] * len(outs)
     else:
         laps = with_({**zero, **{k: _zeros_if_none(ins[k].lap, vals[k]) for k in dep}})
-    return [_Jet(o, j, l) if _is_float(o) else o for o, j, l in zip(outs, jacs, laps)]
+    return [_Jet(o, j, lp) if _is_float(o) else o for o, j, lp in zip(outs, jacs, laps)]
 
 
 def _bilinear_rule(apply: Callable, a: _Jet, b: _Jet) -> list:
     """``apply(a, b)`` bilinear, both inputs depending on r: the product rule, twice."""
     (out,) = apply([a.val, b.val])
-    jac = jax.vmap(lambda ja, jb: apply([ja, b.val])[0] + apply([a.val, jb])[0])(a.jac, b.jac)
+    jac = jax.vmap(lambda ja, jb: apply([ja, b.val])[0] + apply([a.val, jb])[0])(
+        a.jac, b.jac
+    )
     cross = jnp.sum(jax.vmap(lambda ja, jb: apply([ja, jb])[0])(a.jac, b.jac), axis=0)
     lap = 2.0 * cross
     if a.lap is not None:
@@ -242,8 +318,8 @@ def _generic_rule(apply: Callable, ins: list) -> list:
     laps_in = tuple(_zeros_if_none(ins[k].lap, vals[k]) for k in dep)
     _, lin = jax.jvp(f, primals, laps_in)
     return [
-        _Jet(o, j, l + jnp.sum(s, axis=0)) if fl else o
-        for o, j, s, l, fl in zip(outs, firsts, seconds, lin, float_out)
+        _Jet(o, j, lp + jnp.sum(s, axis=0)) if fl else o
+        for o, j, s, lp, fl in zip(outs, firsts, seconds, lin, float_out)
     ]
 
 
@@ -266,7 +342,9 @@ def _forward_laplacian_jaxpr(jaxpr: Any, consts: list, args: list) -> list:
             outs = apply(ins)
         elif name in _CALLS and _CALLS[name] in eqn.params:
             sub = eqn.params[_CALLS[name]]
-            inner, inner_consts = (sub.jaxpr, list(sub.consts)) if hasattr(sub, "consts") else (sub, [])
+            inner, inner_consts = (
+                (sub.jaxpr, list(sub.consts)) if hasattr(sub, "consts") else (sub, [])
+            )
             outs = _forward_laplacian_jaxpr(inner, inner_consts, ins)
         elif name in _LINEAR and set(dep) <= set(_LINEAR[name]):
             outs = _linear_rule(apply, ins, _LINEAR[name])
@@ -310,11 +388,17 @@ def forward_laplacian(
     """
     r = jnp.asarray(r)
     if r.ndim != 1 or not jnp.issubdtype(r.dtype, jnp.floating):
-        raise ValueError(f"r must be a 1-D floating-point array, got shape {r.shape}, dtype {r.dtype}")
+        raise ValueError(
+            f"r must be a 1-D floating-point array, got shape {r.shape}, dtype {r.dtype}"
+        )
     closed = jax.make_jaxpr(fn)(r)
     if len(closed.jaxpr.outvars) != 1:
-        raise ValueError(f"fn must return one array, got {len(closed.jaxpr.outvars)} outputs")
-    (out,) = _forward_laplacian_jaxpr(closed.jaxpr, list(closed.consts), [_Jet(r, basis(r), None)])
+        raise ValueError(
+            f"fn must return one array, got {len(closed.jaxpr.outvars)} outputs"
+        )
+    (out,) = _forward_laplacian_jaxpr(
+        closed.jaxpr, list(closed.consts), [_Jet(r, basis(r), None)]
+    )
     if not isinstance(out, _Jet):  # fn does not depend on r
         out = _Jet(out, jnp.zeros((r.shape[0], *jnp.shape(out)), r.dtype), None)
     lap = _zeros_if_none(out.lap, out.val)
@@ -361,7 +445,9 @@ def orbital_derivatives_fwdfwd(
     return jax.vmap(derivatives)(positions)
 
 
-def row_formula(phi: jax.Array, dphi: jax.Array, lphi: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def row_formula(
+    phi: jax.Array, dphi: jax.Array, lphi: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(log|det A|, ∇log|det A|, Δlog|det A|)`` from :func:`orbital_derivatives`' three arrays.
 
     With :math:`B = A^{-1}` (one LU factorisation, which also gives the log-determinant):
@@ -411,14 +497,18 @@ def _logdet_and_inverse(a: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _eye_like(a: jax.Array) -> jax.Array:
     """``eye(n)`` with ``a``'s dtype and varying mesh axes (a right-hand side solved against ``a``)."""
-    return compat.pcast_varying(jnp.eye(a.shape[0], dtype=a.dtype), tuple(sorted(compat.varying_axes(a))))
+    return compat.pcast_varying(
+        jnp.eye(a.shape[0], dtype=a.dtype), tuple(sorted(compat.varying_axes(a)))
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # A ready-made wavefunction: MLP orbitals times a Gaussian envelope
 
 
-def init_params(key: jax.Array, n_electrons: int, *, hidden: int = 32, dtype: Any = jnp.float32) -> Params:
+def init_params(
+    key: jax.Array, n_electrons: int, *, hidden: int = 32, dtype: Any = jnp.float32
+) -> Params:
     """Parameters of :func:`mlp_orbitals` for ``n_electrons`` orbitals and one hidden layer.
 
     The ``n`` orbitals are combinations of ``hidden + 4`` functions (the hidden features,
@@ -428,7 +518,11 @@ def init_params(key: jax.Array, n_electrons: int, *, hidden: int = 32, dtype: An
     Returns ``{"w1": (3, hidden), "b1": (hidden,), "w2": (hidden, n), "b2": (n,),
     "wl": (3, n), "decay": (n,)}``.
     """
-    if isinstance(n_electrons, bool) or not isinstance(n_electrons, int) or n_electrons < 1:
+    if (
+        isinstance(n_electrons, bool)
+        or not isinstance(n_electrons, int)
+        or n_electrons < 1
+    ):
         raise ValueError(f"n_electrons must be a positive int, got {n_electrons!r}")
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
         raise ValueError(f"hidden must be a positive int, got {hidden!r}")
@@ -437,14 +531,19 @@ def init_params(key: jax.Array, n_electrons: int, *, hidden: int = 32, dtype: An
     return {
         "w1": jax.random.normal(k1, (3, hidden), dtype),
         "b1": 0.5 * jax.random.normal(k2, (hidden,), dtype),
-        "w2": jax.random.normal(k3, (hidden, n), dtype) / jnp.sqrt(jnp.asarray(hidden, dtype)),
+        "w2": jax.random.normal(k3, (hidden, n), dtype)
+        / jnp.sqrt(jnp.asarray(hidden, dtype)),
         "b2": 0.1 * jax.random.normal(k4, (n,), dtype),
         "wl": jax.random.normal(k5, (3, n), dtype),
-        "decay": jnp.linspace(-1.0, 1.0, n, dtype=dtype),  # distinct envelope widths per orbital
+        "decay": jnp.linspace(
+            -1.0, 1.0, n, dtype=dtype
+        ),  # distinct envelope widths per orbital
     }
 
 
-def _mlp_parts(params: Params, r: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+def _mlp_parts(
+    params: Params, r: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """The pieces of :func:`mlp_orbitals` at positions ``r`` ``(..., 3)``: the one definition of the architecture.
 
     Returns ``(h, u, envelope, s, r2)``: hidden features :math:`\\tanh(rW_1+b_1)` ``(..., H)``,
@@ -465,14 +564,23 @@ def mlp_orbitals(params: Params, r: jax.Array) -> jax.Array:
     return u * envelope
 
 
-_MLP_SHAPES = {"w1": ("3", "H"), "b1": ("H",), "w2": ("H", "n"), "b2": ("n",), "wl": ("3", "n"), "decay": ("n",)}
+_MLP_SHAPES = {
+    "w1": ("3", "H"),
+    "b1": ("H",),
+    "w2": ("H", "n"),
+    "b2": ("n",),
+    "wl": ("3", "n"),
+    "decay": ("n",),
+}
 
 
 def _check_mlp_params(params: Params, n: int) -> None:
     """Raise ``ValueError`` unless ``params`` has the :func:`init_params` layout for ``n`` electrons."""
     if not isinstance(params, dict) or set(params) != set(_MLP_SHAPES):
         got = sorted(params) if isinstance(params, dict) else type(params).__name__
-        raise ValueError(f"params must be the dict of init_params with keys {sorted(_MLP_SHAPES)}, got {got}")
+        raise ValueError(
+            f"params must be the dict of init_params with keys {sorted(_MLP_SHAPES)}, got {got}"
+        )
     hidden = jnp.shape(params["w1"])[-1] if jnp.ndim(params["w1"]) == 2 else None
     sizes = {"3": 3, "H": hidden, "n": n}
     for name, dims in _MLP_SHAPES.items():
@@ -484,7 +592,9 @@ def _check_mlp_params(params: Params, n: int) -> None:
             )
 
 
-def mlp_slater_laplacian(params: Params, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def mlp_slater_laplacian(
+    params: Params, positions: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     r"""``(log|ψ|, ∇log|ψ|, Δlog|ψ|)`` for :func:`mlp_log_psi`, with the orbital derivatives by hand.
 
     The classical quantum Monte Carlo route: when the orbitals are known, differentiate
@@ -512,7 +622,9 @@ def mlp_slater_laplacian(params: Params, positions: jax.Array) -> tuple[jax.Arra
     _check_mlp_params(params, n)
     w1, w2, wl = params["w1"], params["w2"], params["wl"]
     hid = w1.shape[1]
-    h, u, env, s, r2 = _mlp_parts(params, positions)  # (n, H), (n, n), (n, n), (n,), (n, 1)
+    h, u, env, s, r2 = _mlp_parts(
+        params, positions
+    )  # (n, H), (n, n), (n, n), (n,), (n, 1)
     logdet, b = _logdet_and_inverse(u * env)
     e = b.T * env  # E_ij = B_ji e_ij
     f = e * s  # F_ij = s_j E_ij
@@ -520,7 +632,9 @@ def mlp_slater_laplacian(params: Params, positions: jax.Array) -> tuple[jax.Arra
     cd = jnp.concatenate([e, f], axis=0) @ jnp.concatenate([w2, wl], axis=0).T
     c, ew, d, fw = cd[:n, :hid], cd[:n, hid:], cd[n:, :hid], cd[n:, hid:]
     dh = 1.0 - h * h
-    back = jnp.concatenate([c * dh, d * dh], axis=0) @ w1.T  # (2n, 3): W1(h' ⊙ C_i), W1(h' ⊙ D_i)
+    back = (
+        jnp.concatenate([c * dh, d * dh], axis=0) @ w1.T
+    )  # (2n, 3): W1(h' ⊙ C_i), W1(h' ⊙ D_i)
     grad = back[:n] + ew - positions * jnp.sum(f * u, axis=1, keepdims=True)
     lap_psi = (
         -2.0 * jnp.sum(c * dh * h * jnp.sum(w1 * w1, axis=0))
@@ -546,7 +660,9 @@ def potential_energy(positions: jax.Array, *, omega: float = 1.0) -> jax.Array:
     trap = 0.5 * omega**2 * jnp.sum(positions * positions)
     diff = positions[:, None, :] - positions[None, :, :]
     eye = jnp.eye(n, dtype=positions.dtype)
-    dist = jnp.sqrt(jnp.sum(diff * diff, axis=-1) + eye)  # + eye: no sqrt(0) on the diagonal
+    dist = jnp.sqrt(
+        jnp.sum(diff * diff, axis=-1) + eye
+    )  # + eye: no sqrt(0) on the diagonal
     upper = jnp.triu(jnp.ones((n, n), dtype=positions.dtype), k=1)
     return trap + jnp.sum(upper / dist)
 
@@ -563,7 +679,9 @@ def local_energy(
     """:math:`E_L = -\\tfrac12(\\Delta\\log|\\psi|+|\\nabla\\log|\\psi||^2) + V` at ``(n, 3)`` positions."""
     _check_log_psi(log_psi)
     positions = _check_positions(positions)
-    kin = kinetic_energy(lambda x: log_psi(params, x), positions, method=method, key=key)
+    kin = kinetic_energy(
+        lambda x: log_psi(params, x), positions, method=method, key=key
+    )
     return kin + potential_energy(positions, omega=omega)
 
 
@@ -589,7 +707,10 @@ class _CompiledPerFunction:
         return len(self._entries)
 
     def get(
-        self, fn: Callable, settings: Hashable, build: Callable[[Callable[[], Callable]], Callable]
+        self,
+        fn: Callable,
+        settings: Hashable,
+        build: Callable[[Callable[[], Callable]], Callable],
     ) -> Callable:
         """The program ``build(get_fn)`` for ``(fn, settings)``; ``get_fn()`` returns ``fn``."""
         try:
@@ -614,7 +735,9 @@ class _CompiledPerFunction:
             def get_fn() -> Callable:
                 target = weak()
                 if target is None:  # only reachable if a program outlives its function
-                    raise ReferenceError("the wavefunction this program was built for is gone")
+                    raise ReferenceError(
+                        "the wavefunction this program was built for is gone"
+                    )
                 return target
 
             programs[settings] = build(get_fn)
@@ -637,7 +760,9 @@ def _check_walkers(walkers: jax.Array) -> jax.Array:
     if walkers.ndim != 3 or walkers.shape[2] != 3:
         raise ValueError(f"walkers must have shape (batch, n, 3), got {walkers.shape}")
     if not jnp.issubdtype(walkers.dtype, jnp.floating):
-        raise TypeError(f"walkers must be a floating-point array, got dtype {walkers.dtype}")
+        raise TypeError(
+            f"walkers must be a floating-point array, got dtype {walkers.dtype}"
+        )
     return walkers
 
 
@@ -663,11 +788,15 @@ def sample_walkers(
     walkers = _check_walkers(walkers)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if isinstance(step_size, bool) or not (isinstance(step_size, (int, float)) and step_size > 0):
+    if isinstance(step_size, bool) or not (
+        isinstance(step_size, (int, float)) and step_size > 0
+    ):
         raise ValueError(
             f"step_size must be a positive number (a proposal standard deviation), got {step_size!r}"
         )
-    chain = _PROGRAMS.get(log_psi, ("metropolis", steps), functools.partial(_metropolis, steps=steps))
+    chain = _PROGRAMS.get(
+        log_psi, ("metropolis", steps), functools.partial(_metropolis, steps=steps)
+    )
     return chain(params, walkers, key, jnp.asarray(step_size, walkers.dtype))
 
 
@@ -685,7 +814,11 @@ def _metropolis(get_log_psi: Callable[[], Callable], *, steps: int) -> Callable:
             u = jax.random.uniform(k_accept, logp.shape, x.dtype)
             ok = jnp.log(u) < 2.0 * (logp_new - logp)
             x = jnp.where(ok[:, None, None], proposal, x)
-            return (x, jnp.where(ok, logp_new, logp), accepted + jnp.mean(ok.astype(x.dtype))), None
+            return (
+                x,
+                jnp.where(ok, logp_new, logp),
+                accepted + jnp.mean(ok.astype(x.dtype)),
+            ), None
 
         init = (walkers, batch_log_psi(params, walkers), jnp.zeros((), walkers.dtype))
         (x, _, accepted), _ = jax.lax.scan(step, init, jax.random.split(key, steps))
@@ -701,7 +834,9 @@ def _check_estimator(estimator: str) -> None:
 
 def _check_omega(omega: object) -> float:
     if isinstance(omega, bool) or not isinstance(omega, (int, float)):
-        raise TypeError(f"omega must be a Python number (the trap frequency), got {type(omega).__name__}")
+        raise TypeError(
+            f"omega must be a Python number (the trap frequency), got {type(omega).__name__}"
+        )
     return float(omega)
 
 
@@ -729,7 +864,11 @@ def _batch_energy_and_grad(
     first: jax.Array | int = 0,
 ) -> tuple[jax.Array, Params]:
     """Shared body: ``total`` sums over this batch (``jnp.sum``) or over all shards (psum of sums)."""
-    keys = walker_keys(key, walkers.shape[0], first=first) if method == "hutchinson" else None
+    keys = (
+        walker_keys(key, walkers.shape[0], first=first)
+        if method == "hutchinson"
+        else None
+    )
 
     def energies(p: Params) -> jax.Array:
         def one(x: jax.Array, k: jax.Array | None) -> jax.Array:
@@ -738,6 +877,7 @@ def _batch_energy_and_grad(
         return jax.vmap(one)(walkers, keys)
 
     if estimator == "direct":
+
         def mean_energy(p: Params) -> jax.Array:
             return total(energies(p)) / count
 
@@ -752,12 +892,16 @@ def _batch_energy_and_grad(
     return mean, jax.grad(surrogate)(params)
 
 
-def _check_step_input(log_psi: object, method: str, estimator: str, key: object) -> None:
+def _check_step_input(
+    log_psi: object, method: str, estimator: str, key: object
+) -> None:
     _check_log_psi(log_psi)
     _check_method(method)
     _check_estimator(estimator)
     if method == "hutchinson" and key is None:
-        raise ValueError("method='hutchinson' needs a PRNG key: pass key=jax.random.key(0)")
+        raise ValueError(
+            "method='hutchinson' needs a PRNG key: pass key=jax.random.key(0)"
+        )
 
 
 def energy_and_grad(
@@ -783,10 +927,19 @@ def energy_and_grad(
     settings = ("one device", method, estimator, _check_omega(omega))
 
     def build(get_log_psi: Callable[[], Callable]) -> Callable:
-        def step(params: Params, walkers: jax.Array, key: jax.Array | None) -> tuple[jax.Array, Params]:
+        def step(
+            params: Params, walkers: jax.Array, key: jax.Array | None
+        ) -> tuple[jax.Array, Params]:
             return _batch_energy_and_grad(
-                get_log_psi(), params, walkers, method=method, estimator=estimator, key=key,
-                omega=settings[3], total=jnp.sum, count=walkers.shape[0],
+                get_log_psi(),
+                params,
+                walkers,
+                method=method,
+                estimator=estimator,
+                key=key,
+                omega=settings[3],
+                total=jnp.sum,
+                count=walkers.shape[0],
             )
 
         return jax.jit(step)
@@ -831,26 +984,49 @@ def sharded_energy_and_grad(
             "jax.make_mesh((jax.device_count(),), ('data',)) or runtime.demo_mesh()"
         )
     if not isinstance(axis_name, str) or axis_name not in mesh.axis_names:
-        raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {tuple(mesh.axis_names)}")
+        raise ValueError(
+            f"axis_name {axis_name!r} is not an axis of the mesh {tuple(mesh.axis_names)}"
+        )
     size = mesh.shape[axis_name]
     if walkers.shape[0] % size:
         raise ValueError(
             f"the number of walkers ({walkers.shape[0]}) must be divisible by the size of mesh axis "
             f"{axis_name!r} ({size})"
         )
-    settings = ("sharded", mesh, axis_name, method, estimator, _check_omega(omega), walkers.shape[0])
+    settings = (
+        "sharded",
+        mesh,
+        axis_name,
+        method,
+        estimator,
+        _check_omega(omega),
+        walkers.shape[0],
+    )
     local = walkers.shape[0] // size
 
     def build(get_log_psi: Callable[[], Callable]) -> Callable:
-        def step(params: Params, walkers: jax.Array, key: jax.Array | None) -> tuple[jax.Array, Params]:
+        def step(
+            params: Params, walkers: jax.Array, key: jax.Array | None
+        ) -> tuple[jax.Array, Params]:
             return _batch_energy_and_grad(
-                get_log_psi(), params, walkers, method=method, estimator=estimator, key=key,
-                omega=settings[5], total=lambda v: jax.lax.psum(jnp.sum(v), axis_name),
-                count=settings[6], first=jax.lax.axis_index(axis_name) * local,
+                get_log_psi(),
+                params,
+                walkers,
+                method=method,
+                estimator=estimator,
+                key=key,
+                omega=settings[5],
+                total=lambda v: jax.lax.psum(jnp.sum(v), axis_name),
+                count=settings[6],
+                first=jax.lax.axis_index(axis_name) * local,
             )
 
         sharded = jax.shard_map(
-            step, mesh=mesh, in_specs=(P(), P(axis_name), P()), out_specs=(P(), P()), check_vma=True
+            step,
+            mesh=mesh,
+            in_specs=(P(), P(axis_name), P()),
+            out_specs=(P(), P()),
+            check_vma=True,
         )
         return jax.jit(sharded)
 
