@@ -1,252 +1,472 @@
-"""Benchmark: the Laplacian of log|ψ| for a Slater determinant, by every method, vs n.
+"""Benchmark: (∇log|ψ|, Δlog|ψ|) of a Slater determinant by every method, vs n.
 
-For n electrons (d = 3n coordinates) and a batch of walkers, time the jitted
-``vmap`` over the batch of ``(∇log|ψ|, Δlog|ψ|)`` for each method, side by side in one
-run (median of repeats, after a warm-up call that compiles). Report
+Three orbital families with different structure (each ``orbitals(params, r (3,)) ->
+(n,)``, log|ψ| = log|det A|, A[i, j] = φ_j(r_i)):
 
-* each time as a ratio to folx at its best sparsity setting and to one batched
-  evaluation of log|ψ|;
-* the relative error of the batch of Δlog|ψ| in float32 against a float64 reference (the
-  generic ``vmap`` method in float64), ``‖Δ32 - Δ64‖ / ‖Δ64‖`` over the batch ("rel err"),
-  and per walker ``|Δ32 - Δ64| / |Δ64|``: the median ("med err") and the largest
-  ("max err");
-* "min/min": the fastest repeat of the method over the fastest evaluation of log|ψ|
-  (less sensitive to other processes on a shared machine than the medians);
-* the growth exponent of the fastest exact method from n = 32 to 64, log(t64/t32)/log 2.
+* ``mlp``: the book's MLP orbitals times Gaussian envelopes (``slater.mlp_orbitals``,
+  hidden width 2n);
+* ``gto``: Gaussian-type orbitals with polynomial prefactors of degree ≤ 2 around
+  n different centres, :math:`\\varphi_j(r) = c_j\\cdot p(r-R_j)\\,e^{-\\alpha_j|r-R_j|^2}`;
+* ``pw-jastrow``: n standing plane waves (cos/sin of k·r on a grid of wave vectors)
+  mixed by a dense n×n matrix, times a one-body Jastrow factor
+  :math:`e^{-a|r|^2/2 + b\\sqrt{1+|r|^2}}`.
 
-The walkers are where VMC evaluates local energies: samples of |ψ|², drawn by
-``slater.sample_walkers`` (Metropolis) from Gaussian starting points. Starting points
-themselves can sit close to a node of ψ, where float32 loses digits for every method;
-the float32 error there is printed once per n for comparison. Repeats are taken
-round-robin (each method in turn, its timed call right after an untimed one) so that
-a slow spell on a shared machine hits every method alike.
+Methods (all on a batch of walkers, ``jit(vmap(...))``, float32):
 
-Targets (issue 7), at n = 32: fastest exact method ≤ 0.5 × folx-best and ≤ 4 × one
-log|ψ| evaluation, relative error ≤ 1e-5 ("rel err"), exponent ≤ 3.
+* ``log|psi|``: one evaluation of log|ψ| (the unit of the ratios);
+* ``hessian``, ``loop``, ``vmap``, ``hutchinson(16)``: ``laplacian.grad_and_laplacian``
+  on log|ψ| as a function of all 3n coordinates;
+* ``folx(s)``: folx as its users call it, ``folx.forward_laplacian(log_psi,
+  sparsity_threshold=s)(x)``, gradient from its Jacobian; ``folx-best`` is the fastest
+  sparsity setting (by the minimum over repeats);
+* ``slater_laplacian``: ``slater.slater_laplacian`` (forward Laplacian per electron,
+  one LU for log|det|, A⁻¹ and the row sums), for any orbitals;
+* ``slater rows, fwd-over-fwd``: the same row formula with forward-over-forward orbital
+  derivatives (``slater.orbital_derivatives_fwdfwd``), the previous implementation;
+* ``slater rows, folx orbitals``: the row formula with folx's forward Laplacian at the
+  orbital level;
+* ``mlp analytic``: ``slater.mlp_slater_laplacian`` (hand-derived, MLP family only).
+
+Timing follows ``beyondgrad.measure.time_calls``: every method warmed up, repeats
+interleaved round-robin, each timed call right after an untimed one; minimum and median
+of the repeats are both reported, and the ratios use the minimum (the least disturbed
+repeat on a shared machine). ``temp_bytes`` is XLA's planned temporary memory of the
+compiled program (``measure.temp_bytes``). ``rel_err`` is ‖Δ32 − Δ64‖/‖Δ64‖ over the
+batch against the generic ``vmap`` method in float64, at walkers sampled from |ψ|² by
+``slater.sample_walkers``.
+
+Targets (issue 13), for ``slater_laplacian`` at n = 32 and 64, 16 walkers, float32,
+CPU: ≤ 0.5 × folx-best, ≤ 3 × one log|ψ| evaluation, rel_err ≤ 1e-5, growth from
+n = 32 to 64 ≤ n³. The benchmark states them; tests do not assert timings.
 
 Usage::
 
-    python benchmarks/laplacian.py            # n in 4 8 16 32 64, batch 16
-    python benchmarks/laplacian.py --quick    # n in 4 8 16, fewer repeats
+    python benchmarks/laplacian.py                 # n in 8 16 32 64, 3 families
+    python benchmarks/laplacian.py --quick         # n in 8 16 32, fewer methods and repeats
+    python benchmarks/laplacian.py --record        # also write figures/laplacian_benchmark.json
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
+import json
 import math
-import statistics
+import platform
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from beyondgrad import laplacian as L
-from beyondgrad import slater
+from beyondgrad import measure, slater
 
-#: methods timed; the generic ones see log|ψ| as a black box of 3n inputs
-GENERIC = ("hessian", "loop", "vmap")
+T0 = time.perf_counter()
+RECORD = (
+    Path(__file__).resolve().parents[1]
+    / "src"
+    / "beyondgrad"
+    / "figures"
+    / "laplacian_benchmark.json"
+)
 FOLX_SPARSITY = (0, 0.6, 0.9)
-#: Metropolis steps; the proposal width is MCMC_WIDTH / sqrt(n) (acceptance is printed)
-MCMC_STEPS, MCMC_WIDTH = 2000, 0.6
+THE_METHOD = "slater_laplacian"
+#: left out of --quick (slow to compile or run; the full run has them)
+QUICK_SKIP = (
+    "hessian",
+    "loop",
+    "hutchinson(16)",
+    "folx(s=0.9)",
+    "slater rows, folx orbitals",
+)
+TARGETS = {
+    "ratio_folx_best": 0.5,
+    "ratio_log_psi": 3.0,
+    "rel_err": 1e-5,
+    "growth_exponent": 3.0,
+}
 
 
-def step_size(n: int) -> float:
-    return MCMC_WIDTH / math.sqrt(n)
+# --------------------------------------------------------------------------- orbital families
 
 
-def make_problem(n: int, batch: int, hidden: int | None) -> tuple[dict, jax.Array, jax.Array, float]:
-    """float32 ``(params, walkers from |ψ|², the Gaussian starting points, acceptance rate)``."""
-    params = slater.init_params(jax.random.key(n), n, hidden=hidden or 2 * n)
-    start = 1.5 * jax.random.normal(jax.random.key(100 + n), (batch, n, 3), jnp.float32)
-    walkers, acceptance = slater.sample_walkers(slater.mlp_log_psi, params, start, jax.random.key(200 + n),
-                                                steps=MCMC_STEPS, step_size=step_size(n))
-    return params, walkers, start, float(acceptance)
+def gto_params(key: jax.Array, n: int) -> dict:
+    k1, k2, k3 = jax.random.split(key, 3)
+    return {
+        "centres": 1.2 * jax.random.normal(k1, (n, 3)),
+        "alpha": jax.random.uniform(k2, (n,), minval=0.3, maxval=1.0),
+        "coef": jax.random.normal(k3, (n, 10)) / jnp.sqrt(10.0),
+    }
 
 
-def method_fns(n: int) -> dict[str, callable]:
-    """name -> f(params, positions (n,3)) returning (grad (3n,), laplacian)."""
+def gto_orbitals(p: dict, r: jax.Array) -> jax.Array:
+    d = r - p["centres"]  # (n, 3)
+    x, y, z = d[:, 0], d[:, 1], d[:, 2]
+    poly = jnp.stack(
+        [jnp.ones_like(x), x, y, z, x * x, y * y, z * z, x * y, x * z, y * z], axis=-1
+    )
+    return jnp.sum(p["coef"] * poly, axis=-1) * jnp.exp(
+        -p["alpha"] * jnp.sum(d * d, axis=-1)
+    )
+
+
+def _wave_vectors(n: int) -> np.ndarray:
+    """The n shortest nonzero integer wave vectors (a simple-cubic grid), shortest first."""
+    m = math.ceil(n ** (1 / 3)) + 1
+    grid = np.array(
+        [
+            (i, j, k)
+            for i in range(-m, m + 1)
+            for j in range(-m, m + 1)
+            for k in range(-m, m + 1)
+            if (i, j, k) != (0, 0, 0)
+        ],
+        np.float32,
+    )
+    order = np.lexsort((grid[:, 2], grid[:, 1], grid[:, 0], np.sum(grid**2, axis=1)))
+    return grid[order[:n]]
+
+
+def pw_params(key: jax.Array, n: int) -> dict:
+    k1, k2 = jax.random.split(key)
+    return {
+        "k": jnp.asarray(2 * np.pi / 6.0 * _wave_vectors(n)),  # box of side 6
+        "mix": jnp.eye(n) + 0.3 * jax.random.normal(k1, (n, n)) / jnp.sqrt(n),
+        "jastrow": jnp.array([0.25, 0.3]) + 0.0 * jax.random.normal(k2, (2,)),
+    }
+
+
+def pw_orbitals(p: dict, r: jax.Array) -> jax.Array:
+    phase = p["k"] @ r  # (n,)
+    parity = jnp.arange(phase.shape[0]) % 2 == 0
+    waves = jnp.where(parity, jnp.cos(phase), jnp.sin(phase))
+    a, b = p["jastrow"][0], p["jastrow"][1]
+    r2 = r @ r
+    return (p["mix"] @ waves) * jnp.exp(-0.5 * a * r2 + b * jnp.sqrt(1.0 + r2))
+
+
+def mlp_params(key: jax.Array, n: int) -> dict:
+    return slater.init_params(key, n, hidden=2 * n)
+
+
+FAMILIES: dict[str, tuple[Callable, Callable]] = {
+    "mlp": (mlp_params, slater.mlp_orbitals),
+    "gto": (gto_params, gto_orbitals),
+    "pw-jastrow": (pw_params, pw_orbitals),
+}
+
+
+def family_log_psi(family: str) -> Callable:
+    orbitals = FAMILIES[family][1]
+    return functools.partial(_log_psi, orbitals)
+
+
+def _log_psi(orbitals: Callable, params: dict, x: jax.Array) -> jax.Array:
+    return slater.slater_log_psi(functools.partial(orbitals, params), x)
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def method_fns(family: str, n: int) -> dict[str, Callable]:
+    """name -> f(params, positions (n, 3)) returning (∇log|ψ| (3n,), Δlog|ψ|)."""
+    orbitals = FAMILIES[family][1]
+    log_psi = family_log_psi(family)
 
     def generic(method: str, **kw):
         def fn(params, pos):
-            flat = lambda v: slater.mlp_log_psi(params, v.reshape(n, 3))  # noqa: E731
+            flat = lambda v: log_psi(params, v.reshape(n, 3))  # noqa: E731
             return L.grad_and_laplacian(flat, pos.reshape(-1), method=method, **kw)
 
         return fn
 
-    def structured(params, pos):
-        _, g, lap = slater.slater_laplacian(functools.partial(slater.mlp_orbitals, params), pos)
-        return g.reshape(-1), lap
+    def folx_direct(sparsity):
+        import folx
 
-    def analytic(params, pos):
-        _, g, lap = slater.mlp_slater_laplacian(params, pos)
-        return g.reshape(-1), lap
+        def fn(params, pos):
+            flat = lambda v: log_psi(params, v.reshape(n, 3))  # noqa: E731
+            out = folx.forward_laplacian(flat, sparsity_threshold=sparsity)(
+                pos.reshape(-1)
+            )
+            return out.jacobian.dense_array, out.laplacian
 
-    fns = {m: generic(m) for m in GENERIC}
+        return fn
+
+    def rows(derivatives):
+        def fn(params, pos):
+            _, g, lap = slater.row_formula(
+                *derivatives(functools.partial(orbitals, params), pos)
+            )
+            return g.reshape(-1), lap
+
+        return fn
+
+    def folx_orbital_derivatives(orb, pos):
+        import folx
+
+        out = jax.vmap(folx.forward_laplacian(orb))(pos)
+        return out.x, jnp.moveaxis(out.jacobian.dense_array, 1, -1), out.laplacian
+
+    fns = {m: generic(m) for m in ("hessian", "loop", "vmap")}
     for s in FOLX_SPARSITY:
-        fns[f"folx(sparsity={s})"] = generic("folx", sparsity_threshold=s)
-    fns["slater (row structure)"] = structured
-    fns["slater (analytic MLP)"] = analytic
-    fns["hutchinson (16 probes)"] = generic("hutchinson", key=jax.random.key(0), num_samples=16)
+        fns[f"folx(s={s})"] = folx_direct(s)
+    fns[THE_METHOD] = rows(slater.orbital_derivatives)
+    fns["slater rows, fwd-over-fwd"] = rows(slater.orbital_derivatives_fwdfwd)
+    fns["slater rows, folx orbitals"] = rows(folx_orbital_derivatives)
+    if family == "mlp":
+        fns["mlp analytic"] = lambda p, pos: (lambda out: (out[1].reshape(-1), out[2]))(
+            slater.mlp_slater_laplacian(p, pos)
+        )
+    fns["hutchinson(16)"] = generic("hutchinson", key=jax.random.key(0), num_samples=16)
     return fns
 
 
-def compile_and_time(fns: dict[str, callable], args: tuple, repeats: int) -> dict[str, tuple[float, float, float]]:
-    """name -> (compile + first call s, median s, fastest s).
-
-    Repeats are taken round-robin; in each round every method is called twice in a row
-    and the second call is timed, so that no method pays for the caches another one
-    emptied (a VMC run calls the same function over and over).
-    """
-    first = {}
-    for name, fn in fns.items():
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        first[name] = time.perf_counter() - t0
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            jax.block_until_ready(fn(*args))
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            times[name].append(time.perf_counter() - t0)
-    return {name: (first[name], statistics.median(ts), min(ts)) for name, ts in times.items()}
+def make_problem(
+    family: str, n: int, batch: int, steps: int
+) -> tuple[dict, jax.Array, float]:
+    """float32 ``(params, walkers sampled from |ψ|², acceptance rate)``."""
+    make, _ = FAMILIES[family]
+    params = make(jax.random.key(n), n)
+    start = 1.0 * jax.random.normal(jax.random.key(100 + n), (batch, n, 3), jnp.float32)
+    walkers, acceptance = slater.sample_walkers(
+        family_log_psi(family),
+        params,
+        start,
+        jax.random.key(200 + n),
+        steps=steps,
+        step_size=0.6 / math.sqrt(n),
+    )
+    return params, walkers, float(acceptance)
 
 
-def relative_errors(lap32, ref64) -> tuple[float, float, float]:
-    """(‖Δ32 - Δ64‖ / ‖Δ64‖ over the batch, median and largest over walkers of |Δ32 - Δ64| / |Δ64|)."""
+def relative_error(lap32, ref64) -> float:
     diff = np.asarray(lap32, np.float64) - ref64
-    rel = np.abs(diff) / np.abs(ref64)
-    return float(np.linalg.norm(diff) / np.linalg.norm(ref64)), float(np.median(rel)), float(np.max(rel))
+    return float(np.linalg.norm(diff) / np.linalg.norm(ref64))
 
 
-def error_budget(params: dict, walkers: jax.Array) -> dict[str, tuple[float, float, float]]:
-    """Where the float32 error of the row formula comes from, as ``relative_errors`` of:
-
-    all in float32; orbital derivatives in float32 but the determinant part in float64;
-    everything in float64 from the float64 orbital values and derivatives rounded to
-    float32 (the error no float32 method can avoid: the inputs of the determinant part
-    are float32 numbers).
-    """
-    derivs = jax.jit(jax.vmap(  # (A, ∇A rows, ΔA rows) per walker, forward over forward mode
-        lambda p, pos: slater.orbital_derivatives(functools.partial(slater.mlp_orbitals, p), pos), in_axes=(None, 0)))
-    det_part = jax.jit(jax.vmap(lambda *arrays: slater.row_formula(*arrays)[2]))
-    params64 = jax.tree.map(lambda a: a.astype(jnp.float64), params)
-    d64, d32 = derivs(params64, walkers.astype(jnp.float64)), derivs(params, walkers)
-    ref = np.asarray(det_part(*d64))
-    as64 = lambda xs: [a.astype(jnp.float64) for a in xs]  # noqa: E731
-    return {
-        "all float32": relative_errors(det_part(*d32), ref),
-        "determinant part in float64": relative_errors(det_part(*as64(d32)), ref),
-        "float64 from rounded inputs": relative_errors(det_part(*as64([a.astype(jnp.float32) for a in d64])), ref),
-    }
-
-
-def run(sizes, batch: int, hidden: int | None, repeats: int, budget_s: float) -> tuple[list[dict], dict]:
+def run(
+    families,
+    sizes,
+    batch: int,
+    repeats: int,
+    steps: int,
+    budget_s: float,
+    skip_methods: tuple[str, ...] = (),
+) -> tuple[list[dict], dict]:
     rows, extra = [], {}
-    skip: set[str] = set()
-    for n in sizes:
-        params, walkers, start, acceptance = make_problem(n, batch, hidden)
-        fns = method_fns(n)
-        reference = jax.jit(jax.vmap(fns["vmap"], in_axes=(None, 0)))
-        params64 = jax.tree.map(lambda a: a.astype(jnp.float64), params)
-        ref = np.asarray(reference(params64, walkers.astype(jnp.float64))[1])
-        active = {"log|psi|": jax.jit(jax.vmap(slater.mlp_log_psi, in_axes=(None, 0)))}
-        active.update({name: jax.jit(jax.vmap(fn, in_axes=(None, 0))) for name, fn in fns.items() if name not in skip})
-        timing = compile_and_time(active, (params, walkers), repeats)
-        _, t_eval, t_eval_min = timing.pop("log|psi|")
-        for name in fns:
-            if name in skip:
-                rows.append({"n": n, "method": name, "skipped": True})
-                continue
-            first, t, t_min = timing[name]
-            err, err_med, err_max = relative_errors(active[name](params, walkers)[1], ref)
-            rows.append({"n": n, "method": name, "time": t, "compile": first - t, "eval": t_eval, "err": err,
-                         "err_median": err_med, "err_max": err_max, "min_vs_eval": t_min / t_eval_min})
-            if t * repeats > budget_s:  # too slow to repeat at the next size
-                skip.add(name)
-        folx_best = min(r["time"] for r in rows if r["n"] == n and r["method"].startswith("folx") and "time" in r)
-        for r in rows:
-            if r["n"] == n and "time" in r:
-                r["vs_folx"] = r["time"] / folx_best
-                r["vs_eval"] = r["time"] / t_eval
-        # the same fastest structured method at the unsampled starting points, for comparison
-        fast = active["slater (analytic MLP)"]
-        ref_start = np.asarray(reference(params64, start.astype(jnp.float64))[1])
-        extra[n] = {"acceptance": acceptance, "start_err": relative_errors(fast(params, start)[1], ref_start),
-                    "budget": error_budget(params, walkers) if n == 32 else None}
+    for family in families:
+        too_slow: set[str] = set(skip_methods)
+        for n in sizes:
+            params, walkers, acceptance = make_problem(family, n, batch, steps)
+            fns = {k: v for k, v in method_fns(family, n).items() if k not in too_slow}
+            with jax.enable_x64(True):
+                params64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
+                ref_fn = jax.jit(
+                    jax.vmap(method_fns(family, n)["vmap"], in_axes=(None, 0))
+                )
+                ref = np.asarray(ref_fn(params64, walkers.astype(jnp.float64))[1])
+            log_psi = jax.jit(jax.vmap(family_log_psi(family), in_axes=(None, 0)))
+            jitted = {"log|psi|": log_psi}
+            jitted.update(
+                {k: jax.jit(jax.vmap(f, in_axes=(None, 0))) for k, f in fns.items()}
+            )
+            timings = measure.time_calls(
+                [(f, (params, walkers)) for f in jitted.values()], repeats=repeats
+            )
+            t = dict(zip(jitted, timings))
+            folx_best = min(t[k].min for k in jitted if k.startswith("folx("))
+            for name, f in jitted.items():
+                err = (
+                    0.0
+                    if name == "log|psi|"
+                    else relative_error(f(params, walkers)[1], ref)
+                )
+                rows.append(
+                    {
+                        "family": family,
+                        "n": n,
+                        "method": name,
+                        "min_ms": 1e3 * t[name].min,
+                        "median_ms": 1e3 * t[name].median,
+                        "ratio_log_psi": t[name].min / t["log|psi|"].min,
+                        "ratio_folx_best": t[name].min / folx_best,
+                        "temp_bytes": measure.temp_bytes(f, params, walkers),
+                        "rel_err": None if name == "log|psi|" else err,
+                    }
+                )
+                if t[name].median * repeats > budget_s:
+                    too_slow.add(name)
+            extra[family, n] = {"acceptance": acceptance}
+            print(
+                f"  done: {family} n = {n} ({time.perf_counter() - T0:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows, extra
 
 
+# --------------------------------------------------------------------------- reporting
+
+
 def print_table(rows: list[dict]) -> None:
-    print(f"{'n':>3} {'method':<24} {'median ms':>10} {'compile s':>9} {'/folx-best':>10} "
-          f"{'/log|ψ|':>8} {'min/min':>8} {'rel err':>9} {'med err':>9} {'max err':>9}")
+    print(
+        f"{'family':<11} {'n':>3} {'method':<28} {'min ms':>9} {'median ms':>10} {'/log|ψ|':>8} "
+        f"{'/folx-best':>10} {'temp MiB':>9} {'rel err':>9}"
+    )
     for r in rows:
-        if r.get("skipped"):
-            print(f"{r['n']:>3} {r['method']:<24} {'skipped (too slow at the previous n)':>52}")
+        err = "" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
+        temp = "n/a" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.2f}"
+        print(
+            f"{r['family']:<11} {r['n']:>3} {r['method']:<28} {r['min_ms']:>9.3f} {r['median_ms']:>10.3f} "
+            f"{r['ratio_log_psi']:>8.2f} {r['ratio_folx_best']:>10.3f} {temp:>9} {err:>9}"
+        )
+
+
+def growth_exponent(
+    rows: list[dict], family: str, method: str, n0: int = 32, n1: int = 64
+) -> float | None:
+    t = {
+        r["n"]: r["min_ms"]
+        for r in rows
+        if r["family"] == family and r["method"] == method
+    }
+    if n0 in t and n1 in t:
+        return math.log(t[n1] / t[n0]) / math.log(n1 / n0)
+    return None
+
+
+def check_targets(rows: list[dict]) -> list[dict]:
+    """One line per family and target size: the measured value of each target and whether it is met."""
+    results = []
+    for r in rows:
+        if r["method"] != THE_METHOD or r["n"] not in (32, 64):
             continue
-        print(f"{r['n']:>3} {r['method']:<24} {1e3 * r['time']:>10.3f} {r['compile']:>9.2f} "
-              f"{r['vs_folx']:>10.3f} {r['vs_eval']:>8.2f} {r['min_vs_eval']:>8.2f} {r['err']:>9.1e} "
-              f"{r['err_median']:>9.1e} {r['err_max']:>9.1e}")
+        k = growth_exponent(rows, r["family"], THE_METHOD) if r["n"] == 64 else None
+        results.append(
+            {
+                "family": r["family"],
+                "n": r["n"],
+                "ratio_folx_best": r["ratio_folx_best"],
+                "ratio_log_psi": r["ratio_log_psi"],
+                "rel_err": r["rel_err"],
+                "growth_exponent": k,
+            }
+        )
+    if not results:
+        print("\n(targets are stated at n = 32 and 64)")
+    for res in results:
+        parts = []
+        for name, limit in TARGETS.items():
+            v = res[name]
+            if v is None:
+                continue
+            parts.append(
+                f"{name} {v:.3g} (<= {limit:g}: {'met' if v <= limit else 'NOT met'})"
+            )
+        print(f"  {res['family']:<11} n = {res['n']}: " + "; ".join(parts))
+    return results
 
 
-def print_sampling(extra: dict) -> None:
-    print(f"\nwalkers: {MCMC_STEPS} Metropolis steps of width {MCMC_WIDTH}/sqrt(n) from 1.5 * N(0, 1) points")
-    for n, e in extra.items():
-        rel, med, mx = e["start_err"]
-        print(f"  n = {n:>2}: acceptance {e['acceptance']:.2f}; float32 error of 'slater (analytic MLP)' at the "
-              f"starting points instead: rel {rel:.1e}, median {med:.1e}, max {mx:.1e}")
-    for n, e in extra.items():
-        if e["budget"]:
-            print(f"\nfloat32 error budget of the row formula at n = {n} (rel / median / max per walker):")
-            for name, (rel, med, mx) in e["budget"].items():
-                print(f"  {name:<28} {rel:.1e} / {med:.1e} / {mx:.1e}")
-
-
-def check_targets(rows: list[dict]) -> None:
-    exact = [r for r in rows if "time" in r and not r["method"].startswith("hutchinson")]
-    at = {n: sorted((r for r in exact if r["n"] == n), key=lambda r: r["time"]) for n in {r["n"] for r in exact}}
-    if 32 not in at:
-        print("\n(targets are stated at n = 32; run without --quick to check them)")
-        return
-    best = at[32][0]
-    print(f"\nfastest exact method at n = 32: {best['method']}")
-    print(f"  time / folx-best     = {best['vs_folx']:.3f}   target <= 0.5   {'met' if best['vs_folx'] <= 0.5 else 'NOT met'}")
-    print(f"  time / one log|psi|  = {best['vs_eval']:.2f}    target <= 4     {'met' if best['vs_eval'] <= 4 else 'NOT met'}")
-    print(f"  time / one log|psi| using the fastest of the repeats = {best['min_vs_eval']:.2f}")
-    print(f"  rel. error vs f64    = {best['err']:.2e} target <= 1e-5  {'met' if best['err'] <= 1e-5 else 'NOT met'}"
-          f"  (per walker: median {best['err_median']:.1e}, largest {best['err_max']:.1e})")
-    if 64 in at:
-        t64 = next((r for r in at[64] if r["method"] == best["method"]), None)
-        if t64 is not None:
-            k = math.log(t64["time"] / best["time"]) / math.log(2.0)
-            print(f"  growth 32 -> 64      = n^{k:.2f}  target <= n^3   {'met' if k <= 3 else 'NOT met'}")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="n in 4 8 16 only, 3 repeats")
-    ap.add_argument("--sizes", type=int, nargs="*", help="electron counts (default 4 8 16 32 64)")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=None, help="MLP width (default 2n, so the orbitals are independent)")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--budget", type=float, default=6.0,
-                    help="skip a method at larger n once repeats*median exceeds this many seconds")
-    args = ap.parse_args()
-    jax.config.update("jax_enable_x64", True)  # for the float64 reference; timed arrays are float32
-    sizes = args.sizes or ([4, 8, 16] if args.quick else [4, 8, 16, 32, 64])
-    repeats = args.repeats or (3 if args.quick else 15)
+def machine() -> str:
     dev = jax.devices()[0]
-    print(f"JAX {jax.__version__} on {dev.platform} ({dev.device_kind}), batch {args.batch}, float32, "
-          f"hidden {args.hidden or '2n'}, median of {repeats}")
+    import os
+
+    cores = (
+        len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count()
+    )
+    return f"{platform.processor() or platform.machine()}, {cores} cores available, {dev.platform} ({dev.device_kind})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="n in 8 16 32, 3 repeats, short sampling"
+    )
+    ap.add_argument(
+        "--sizes", type=int, nargs="*", help="electron counts (default 8 16 32 64)"
+    )
+    ap.add_argument(
+        "--families", nargs="*", choices=sorted(FAMILIES), help="default: all"
+    )
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="Metropolis steps (default 1000, quick 200)",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="drop a method at larger n once repeats x median exceeds this many seconds "
+        "(default 0.5 with --quick, else 4)",
+    )
+    ap.add_argument(
+        "--record", action="store_true", help=f"write the results to {RECORD.name}"
+    )
+    args = ap.parse_args(argv)
+    jax.config.update("jax_enable_x64", False)
+    sizes = args.sizes or ([8, 16, 32] if args.quick else [8, 16, 32, 64])
+    repeats = args.repeats or (7 if args.quick else 9)
+    steps = args.steps or (200 if args.quick else 1000)
+    families = args.families or list(FAMILIES)
+    skip = QUICK_SKIP if args.quick else ()
+    import folx
+
+    folx_version = getattr(folx, "__version__", None)
+    if folx_version is None:
+        from importlib.metadata import version
+
+        folx_version = version("folx")
+    print(
+        f"JAX {jax.__version__}, folx {folx_version}, {machine()}; batch {args.batch}, float32, "
+        f"{repeats} interleaved repeats"
+    )
     t0 = time.perf_counter()
-    rows, extra = run(sizes, args.batch, args.hidden, repeats, args.budget)
+    budget = args.budget if args.budget is not None else (0.5 if args.quick else 4.0)
+    rows, extra = run(families, sizes, args.batch, repeats, steps, budget, skip)
+    duration = time.perf_counter() - t0
     print_table(rows)
-    print_sampling(extra)
+    print(
+        "\nacceptance of the Metropolis sampling: "
+        + ", ".join(f"{f} n={n}: {e['acceptance']:.2f}" for (f, n), e in extra.items())
+    )
+    print(f"\ntargets for {THE_METHOD} (ratios from the minimum of the repeats):")
     check_targets(rows)
-    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+    print(f"\ntotal {duration:.0f} s")
+    if args.record:
+        command = "python benchmarks/laplacian.py " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
+        record = {
+            "command": command.strip(),
+            "machine": machine(),
+            "jax": jax.__version__,
+            "folx": folx_version,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "duration_s": round(duration, 1),
+            "batch": args.batch,
+            "repeats": repeats,
+            "dtype": "float32",
+            "targets": TARGETS,
+            "note": "shared machine: timings disturbed by other processes; ratios use the minimum",
+            "rows": rows,
+        }
+        RECORD.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {RECORD}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

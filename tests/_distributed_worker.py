@@ -62,7 +62,9 @@ def pin_gloo_to_loopback() -> None:
         )
         return xla_bridge.make_cpu_client(collectives=collectives)
 
-    xla_bridge.register_backend_factory("cpu", loopback_cpu_client, priority=0, fail_quietly=False)
+    xla_bridge.register_backend_factory(
+        "cpu", loopback_cpu_client, priority=0, fail_quietly=False
+    )
 
 
 def global_inputs():
@@ -75,7 +77,9 @@ def global_inputs():
 
     from beyondgrad.slater import init_params
 
-    params = init_params(jax.random.key(SEED), N_ELECTRONS, hidden=HIDDEN, dtype=np.float64)
+    params = init_params(
+        jax.random.key(SEED), N_ELECTRONS, hidden=HIDDEN, dtype=np.float64
+    )
     walkers = np.random.default_rng(SEED).normal(size=(N_WALKERS, N_ELECTRONS, 3))
     return params, walkers
 
@@ -86,7 +90,10 @@ def to_json(energy, grad) -> dict:
     leaves, _ = jax.tree_util.tree_flatten_with_path(grad)
     return {
         "energy": float(energy),
-        "grad": {jax.tree_util.keystr(path): np.asarray(leaf).tolist() for path, leaf in leaves},
+        "grad": {
+            jax.tree_util.keystr(path): np.asarray(leaf).tolist()
+            for path, leaf in leaves
+        },
     }
 
 
@@ -97,25 +104,37 @@ def run_single(local_devices: int) -> dict:
     from jax.sharding import PartitionSpec as P
 
     from beyondgrad import runtime
-    from beyondgrad.slater import energy_and_grad, sharded_energy_and_grad, wavefunction
+    from beyondgrad.slater import energy_and_grad, mlp_log_psi, sharded_energy_and_grad
 
     params, walkers = global_inputs()
-    energy, grad = energy_and_grad(wavefunction, params, jax.numpy.asarray(walkers), method="loop")
+    energy, grad = energy_and_grad(
+        mlp_log_psi, params, jax.numpy.asarray(walkers), method="loop"
+    )
     mesh = runtime.demo_mesh(local_devices, "data")
     s_energy, s_grad = sharded_energy_and_grad(
-        wavefunction, params, jax.device_put(walkers, NamedSharding(mesh, P("data"))), mesh, method="loop"
+        mlp_log_psi,
+        params,
+        jax.device_put(walkers, NamedSharding(mesh, P("data"))),
+        mesh,
+        method="loop",
     )
-    return {"one_device": to_json(energy, grad), "one_process_sharded": to_json(s_energy, s_grad),
-            "device_count": jax.device_count(), "process_count": jax.process_count()}
+    return {
+        "one_device": to_json(energy, grad),
+        "one_process_sharded": to_json(s_energy, s_grad),
+        "device_count": jax.device_count(),
+        "process_count": jax.process_count(),
+    }
 
 
-def run_multi(port: int, process_id: int, num_processes: int, local_devices: int) -> dict:
+def run_multi(
+    port: int, process_id: int, num_processes: int, local_devices: int
+) -> dict:
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from beyondgrad import compat
-    from beyondgrad.slater import sharded_energy_and_grad, wavefunction
+    from beyondgrad.slater import mlp_log_psi, sharded_energy_and_grad
 
     # 1. Join the job. Process 0 also runs the coordinator service; by default it
     #    listens on every interface, so the test binds it to loopback explicitly.
@@ -138,14 +157,19 @@ def run_multi(port: int, process_id: int, num_processes: int, local_devices: int
     params, walkers = global_inputs()
     replicated = NamedSharding(mesh, P())
     params = jax.tree.map(
-        lambda a: jax.make_array_from_process_local_data(replicated, np.asarray(a)), params
+        lambda a: jax.make_array_from_process_local_data(replicated, np.asarray(a)),
+        params,
     )
     batch = NamedSharding(mesh, P("data"))
     rows = process_rows(batch, walkers.shape)
-    walkers_global = jax.make_array_from_process_local_data(batch, walkers[rows], walkers.shape)
+    walkers_global = jax.make_array_from_process_local_data(
+        batch, walkers[rows], walkers.shape
+    )
 
     # 4. The same call as on one machine.
-    energy, grad = sharded_energy_and_grad(wavefunction, params, walkers_global, mesh, method="loop")
+    energy, grad = sharded_energy_and_grad(
+        mlp_log_psi, params, walkers_global, mesh, method="loop"
+    )
 
     # 5. Outputs are replicated (out_specs P()): every process holds the full value
     #    and reads it from one of its own devices.
@@ -186,7 +210,9 @@ def process_rows(sharding, global_shape: tuple[int, ...]) -> slice:
         stops.append(global_shape[0] if rows.stop is None else rows.stop)
     lo, hi = min(starts), max(stops)
     if sum(b - a for a, b in set(zip(starts, stops))) != hi - lo:
-        raise ValueError(f"this process's rows are not one contiguous block: {sorted(zip(starts, stops))}")
+        raise ValueError(
+            f"this process's rows are not one contiguous block: {sorted(zip(starts, stops))}"
+        )
     return slice(lo, hi)
 
 
@@ -200,14 +226,20 @@ def free_loopback_port() -> int:
 def worker_env() -> dict[str, str]:
     """The workers' environment: this checkout's package, CPU only, no inherited XLA flags."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    )
     env["JAX_PLATFORMS"] = "cpu"  # a CPU test, also on a machine with a GPU
     env.pop("XLA_FLAGS", None)  # device counts come from --local-devices
     return env
 
 
 def launch(
-    workdir: Path, *, num_processes: int = 2, local_devices: int = 4, timeout: float = 120.0
+    workdir: Path,
+    *,
+    num_processes: int = 2,
+    local_devices: int = 4,
+    timeout: float = 120.0,
 ) -> tuple[list[dict], dict, float]:
     """Run ``num_processes`` workers as one JAX job, plus the single-process reference.
 
@@ -218,7 +250,9 @@ def launch(
     hangs or fails.
     """
     if num_processes < 1 or local_devices < 1:
-        raise ValueError(f"need num_processes >= 1 and local_devices >= 1, got {num_processes}, {local_devices}")
+        raise ValueError(
+            f"need num_processes >= 1 and local_devices >= 1, got {num_processes}, {local_devices}"
+        )
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_loopback_port()
@@ -226,23 +260,53 @@ def launch(
     ref_out = workdir / "reference.json"
     me = [sys.executable, str(Path(__file__).resolve())]
     commands = [
-        [*me, "--port", str(port), "--process-id", str(i), "--num-processes", str(num_processes),
-         "--local-devices", str(local_devices), "--out", str(out)]
+        [
+            *me,
+            "--port",
+            str(port),
+            "--process-id",
+            str(i),
+            "--num-processes",
+            str(num_processes),
+            "--local-devices",
+            str(local_devices),
+            "--out",
+            str(out),
+        ]
         for i, out in enumerate(outs)
     ]
-    commands.append([*me, "--single", "--local-devices", str(num_processes * local_devices), "--out", str(ref_out)])
+    commands.append(
+        [
+            *me,
+            "--single",
+            "--local-devices",
+            str(num_processes * local_devices),
+            "--out",
+            str(ref_out),
+        ]
+    )
     logs = [workdir / f"log{i}.txt" for i in range(len(commands))]
     procs: list[subprocess.Popen] = []
     t0 = time.perf_counter()
     try:
         for cmd, log in zip(commands, logs):
             with open(log, "w") as f:
-                procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=worker_env(), cwd=ROOT))
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        env=worker_env(),
+                        cwd=ROOT,
+                    )
+                )
         for proc in procs:
             try:
                 proc.wait(timeout=max(1.0, t0 + timeout - time.perf_counter()))
             except subprocess.TimeoutExpired:
-                raise TimeoutError(f"the workers did not finish within {timeout:.0f} s\n{_tails(logs)}") from None
+                raise TimeoutError(
+                    f"the workers did not finish within {timeout:.0f} s\n{_tails(logs)}"
+                ) from None
     finally:
         for proc in procs:  # always: no worker outlives the call
             if proc.poll() is None:
@@ -251,31 +315,54 @@ def launch(
     seconds = time.perf_counter() - t0
     failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
     if failed:
-        raise RuntimeError(f"workers (index, exit code) {failed} failed\n{_tails(logs)}")
-    return [json.loads(o.read_text()) for o in outs], json.loads(ref_out.read_text()), seconds
+        raise RuntimeError(
+            f"workers (index, exit code) {failed} failed\n{_tails(logs)}"
+        )
+    return (
+        [json.loads(o.read_text()) for o in outs],
+        json.loads(ref_out.read_text()),
+        seconds,
+    )
 
 
 def _tails(logs: list[Path], lines: int = 25) -> str:
-    return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text().splitlines()[-lines:]) for p in logs if p.exists())
+    return "\n".join(
+        f"--- {p.name}\n" + "\n".join(p.read_text().splitlines()[-lines:])
+        for p in logs
+        if p.exists()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--launch", metavar="DIR", help="start the whole job (workers and reference), results in DIR")
+    ap.add_argument(
+        "--launch",
+        metavar="DIR",
+        help="start the whole job (workers and reference), results in DIR",
+    )
     ap.add_argument("--out", help="where to write this process's JSON result")
-    ap.add_argument("--local-devices", type=int, default=4, help="CPU devices in this process")
-    ap.add_argument("--single", action="store_true", help="single-process reference run")
+    ap.add_argument(
+        "--local-devices", type=int, default=4, help="CPU devices in this process"
+    )
+    ap.add_argument(
+        "--single", action="store_true", help="single-process reference run"
+    )
     ap.add_argument("--port", type=int, help="coordinator port on 127.0.0.1")
     ap.add_argument("--process-id", type=int)
     ap.add_argument("--num-processes", type=int, default=2)
     ns = ap.parse_args(argv)
     if ns.launch:
-        results, reference, seconds = launch(Path(ns.launch), num_processes=ns.num_processes,
-                                             local_devices=ns.local_devices)
+        results, reference, seconds = launch(
+            Path(ns.launch),
+            num_processes=ns.num_processes,
+            local_devices=ns.local_devices,
+        )
         want = reference["one_device"]["energy"]
         for r in results:
-            print(f"process {r['process_index']}/{r['process_count']}: {r['local_device_count']} of "
-                  f"{r['device_count']} devices, walker rows {r['walker_rows']}, energy {r['result']['energy']!r}")
+            print(
+                f"process {r['process_index']}/{r['process_count']}: {r['local_device_count']} of "
+                f"{r['device_count']} devices, walker rows {r['walker_rows']}, energy {r['result']['energy']!r}"
+            )
         print(f"one process, one device: energy {want!r}; wall time {seconds:.1f} s")
         return 0
     if not ns.out:
@@ -284,16 +371,22 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    jax.config.update("jax_platforms", "cpu")  # a CPU test, even on a machine with a GPU
+    jax.config.update(
+        "jax_platforms", "cpu"
+    )  # a CPU test, even on a machine with a GPU
     jax.config.update("jax_num_cpu_devices", ns.local_devices)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # the default since 0.8; stated anyway
+    jax.config.update(
+        "jax_cpu_collectives_implementation", "gloo"
+    )  # the default since 0.8; stated anyway
 
     t0 = time.perf_counter()
     if ns.single:
         result = run_single(ns.local_devices)
     else:
         if ns.port is None or ns.process_id is None:
-            ap.error("multi-process mode needs --port and --process-id (or pass --single)")
+            ap.error(
+                "multi-process mode needs --port and --process-id (or pass --single)"
+            )
         result = run_multi(ns.port, ns.process_id, ns.num_processes, ns.local_devices)
     result["seconds"] = time.perf_counter() - t0
     result["jax_version"] = jax.__version__

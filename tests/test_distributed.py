@@ -19,28 +19,47 @@ import sys
 
 import numpy as np
 import pytest
-from _distributed_worker import N_WALKERS, free_loopback_port, launch  # tests/ is on sys.path under pytest
+from _distributed_worker import (  # tests/ is on sys.path under pytest
+    N_WALKERS,
+    free_loopback_port,
+    launch,
+)
 
 TIMEOUT = 120  # seconds for the three processes together
 NUM_PROCESSES = 2
 LOCAL_DEVICES = 4
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="multi-process CPU collectives: Linux/macOS only")
+pytestmark = pytest.mark.skipif(
+    sys.platform == "win32", reason="multi-process CPU collectives: Linux/macOS only"
+)
 
 
 def assert_same(got: dict, want: dict, where: str, rtol: float = 1e-10) -> None:
     """Energy and every gradient leaf agree (float64 on both sides)."""
-    np.testing.assert_allclose(got["energy"], want["energy"], rtol=rtol, err_msg=f"{where}: energy")
-    assert got["grad"].keys() == want["grad"].keys(), f"{where}: different parameter trees"
+    np.testing.assert_allclose(
+        got["energy"], want["energy"], rtol=rtol, err_msg=f"{where}: energy"
+    )
+    assert got["grad"].keys() == want["grad"].keys(), (
+        f"{where}: different parameter trees"
+    )
     for name in want["grad"]:
-        np.testing.assert_allclose(np.asarray(got["grad"][name]), np.asarray(want["grad"][name]),
-                                   rtol=rtol, atol=1e-12, err_msg=f"{where}: gradient {name}")
+        np.testing.assert_allclose(
+            np.asarray(got["grad"][name]),
+            np.asarray(want["grad"][name]),
+            rtol=rtol,
+            atol=1e-12,
+            err_msg=f"{where}: gradient {name}",
+        )
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("distributed"), num_processes=NUM_PROCESSES,
-                  local_devices=LOCAL_DEVICES, timeout=TIMEOUT)
+    return launch(
+        tmp_path_factory.mktemp("distributed"),
+        num_processes=NUM_PROCESSES,
+        local_devices=LOCAL_DEVICES,
+        timeout=TIMEOUT,
+    )
 
 
 def test_two_processes_form_one_job(job):
@@ -53,9 +72,14 @@ def test_two_processes_form_one_job(job):
         # the walkers are one global array that no single process holds entirely
         assert r["walkers_fully_addressable"] is False
         assert r["local_walker_shards"] == LOCAL_DEVICES
-        assert r["walkers_to_numpy"] != "ok", "a process cannot fetch the other process's walkers"
+        assert r["walkers_to_numpy"] != "ok", (
+            "a process cannot fetch the other process's walkers"
+        )
         # the replicated outputs span both processes too, but each process has a full copy
-        assert r["energy_fully_replicated"] is True and r["energy_fully_addressable"] is False
+        assert (
+            r["energy_fully_replicated"] is True
+            and r["energy_fully_addressable"] is False
+        )
         assert r["energy_to_numpy"] == "ok"
     # each process contributed its own half of the batch, and the halves tile it
     half = N_WALKERS // NUM_PROCESSES
@@ -65,9 +89,17 @@ def test_two_processes_form_one_job(job):
 def test_sharded_step_across_processes_equals_single_process(job):
     results, reference, _ = job
     # the reference itself: one device and an 8-device mesh in one process agree
-    assert_same(reference["one_process_sharded"], reference["one_device"], "one process, sharded vs one device")
+    assert_same(
+        reference["one_process_sharded"],
+        reference["one_device"],
+        "one process, sharded vs one device",
+    )
     for i, r in enumerate(results):
-        assert_same(r["result"], reference["one_device"], f"process {i} of {NUM_PROCESSES} vs one device")
+        assert_same(
+            r["result"],
+            reference["one_device"],
+            f"process {i} of {NUM_PROCESSES} vs one device",
+        )
     # the outputs are replicated: both processes hold bitwise the same values
     assert results[0]["result"] == results[1]["result"]
 
@@ -88,7 +120,11 @@ def test_a_hanging_job_is_killed_within_its_timeout(tmp_path, monkeypatch):
 
     def recording_popen(cmd, *args, **kwargs):
         if "--process-id" in cmd and cmd[cmd.index("--process-id") + 1] == "1":
-            cmd = [sys.executable, "-c", "import time; time.sleep(600)"]  # stands in for a hung process
+            cmd = [
+                sys.executable,
+                "-c",
+                "import time; time.sleep(600)",
+            ]  # stands in for a hung process
         proc = real_popen(cmd, *args, **kwargs)
         started.append(proc)
         return proc

@@ -1,22 +1,27 @@
 """Tests for beyondgrad.laplacian / beyondgrad.slater against float64 jax.hessian."""
 
 import functools
+import gc
+import weakref
 
+import folx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from beyondgrad import compat, runtime
+from beyondgrad import compat, runtime, slater
 from beyondgrad import laplacian as L
-from beyondgrad import slater
 
 EXACT = ("hessian", "loop", "vmap", "folx")
 
 
 def quadratic(x):
-    a = jnp.arange(1.0, x.shape[0] ** 2 + 1, dtype=x.dtype).reshape(x.shape[0], -1) / x.shape[0] ** 2
+    a = (
+        jnp.arange(1.0, x.shape[0] ** 2 + 1, dtype=x.dtype).reshape(x.shape[0], -1)
+        / x.shape[0] ** 2
+    )
     return 0.5 * x @ (a + a.T) @ x
 
 
@@ -37,7 +42,9 @@ FUNCTIONS = [quadratic, sin_product, logsumexp, small_mlp]
 
 
 # float32 parameters made once, eagerly (inside a trace, jit may round them differently)
-SLATER_PARAMS = jax.tree.map(np.asarray, slater.init_params(jax.random.key(3), 3, hidden=8))
+SLATER_PARAMS = jax.tree.map(
+    np.asarray, slater.init_params(jax.random.key(3), 3, hidden=8)
+)
 
 
 def slater_fn(x, *, n=3):
@@ -64,7 +71,9 @@ def x64_point(d, seed=0):
 
 
 @pytest.mark.parametrize("method", EXACT)
-@pytest.mark.parametrize("f", FUNCTIONS + [slater_fn], ids=lambda f: getattr(f, "__name__", "f"))
+@pytest.mark.parametrize(
+    "f", FUNCTIONS + [slater_fn], ids=lambda f: getattr(f, "__name__", "f")
+)
 def test_exact_methods_match_float64_hessian(method, f):
     with jax.enable_x64(True):
         x = x64_point(9)
@@ -72,7 +81,9 @@ def test_exact_methods_match_float64_hessian(method, f):
         g, got = jax.jit(lambda v: L.grad_and_laplacian(f, v, method=method))(x)
         assert got.dtype == jnp.float64 and got.shape == ()
         np.testing.assert_allclose(float(got), want, rtol=1e-10, atol=1e-10)
-        np.testing.assert_allclose(np.asarray(g), np.asarray(jax.jit(jax.grad(f))(x)), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(
+            np.asarray(g), np.asarray(jax.jit(jax.grad(f))(x)), rtol=1e-10, atol=1e-12
+        )
 
 
 def test_float32_close_to_float64():
@@ -92,11 +103,17 @@ def test_hutchinson_is_unbiased_and_its_samples_average():
         assert samples.shape == (4000,)
         se = float(jnp.std(samples)) / np.sqrt(4000)
         assert abs(float(jnp.mean(samples)) - want) < 5 * se + 1e-12
-        est = L.laplacian(small_mlp, x, method="hutchinson", key=jax.random.key(0), num_samples=4000)
+        est = L.laplacian(
+            small_mlp, x, method="hutchinson", key=jax.random.key(0), num_samples=4000
+        )
         np.testing.assert_allclose(float(est), float(jnp.mean(samples)), rtol=1e-12)
         # a diagonal Hessian has zero Rademacher variance: every probe gives the exact trace
-        diag = L.hutchinson_samples(lambda v: jnp.sum(jnp.sin(v)), x, jax.random.key(1), 8)
-        np.testing.assert_allclose(np.asarray(diag), -float(jnp.sum(jnp.sin(x))), rtol=1e-12)
+        diag = L.hutchinson_samples(
+            lambda v: jnp.sum(jnp.sin(v)), x, jax.random.key(1), 8
+        )
+        np.testing.assert_allclose(
+            np.asarray(diag), -float(jnp.sum(jnp.sin(x))), rtol=1e-12
+        )
 
 
 @pytest.mark.parametrize("method", ["loop", "vmap", "folx", "hessian"])
@@ -115,8 +132,10 @@ def test_jit_vmap_and_grad_wrt_closed_over_params(method):
         np.testing.assert_allclose(np.asarray(batched), np.asarray(ref), rtol=1e-10)
         dw = jax.grad(lambda w: jnp.sum(jax.vmap(lambda x: lap(w, x, method))(xs)))(0.7)
         eps = 1e-6
-        fd = (jnp.sum(jax.vmap(lambda x: lap(0.7 + eps, x, "hessian"))(xs))
-              - jnp.sum(jax.vmap(lambda x: lap(0.7 - eps, x, "hessian"))(xs))) / (2 * eps)
+        fd = (
+            jnp.sum(jax.vmap(lambda x: lap(0.7 + eps, x, "hessian"))(xs))
+            - jnp.sum(jax.vmap(lambda x: lap(0.7 - eps, x, "hessian"))(xs))
+        ) / (2 * eps)
         np.testing.assert_allclose(float(dw), float(fd), rtol=1e-6)
 
 
@@ -126,21 +145,51 @@ def test_inside_shard_map_check_vma(mesh, method):
     key = jax.random.key(5)
 
     def per_shard(w, block):
-        lap = jax.vmap(lambda x: L.laplacian(lambda v: jnp.sum(jnp.tanh(w * v) ** 2), x, method=method,
-                                             key=key, num_samples=4))(block)
+        lap = jax.vmap(
+            lambda x: L.laplacian(
+                lambda v: jnp.sum(jnp.tanh(w * v) ** 2),
+                x,
+                method=method,
+                key=key,
+                num_samples=4,
+            )
+        )(block)
         return lap, jax.lax.psum(jnp.sum(lap), "data")
 
     def loss(w, xs):
-        fn = jax.shard_map(per_shard, mesh=mesh, in_specs=(P(), P("data")), out_specs=(P("data"), P()),
-                           check_vma=True)
+        fn = jax.shard_map(
+            per_shard,
+            mesh=mesh,
+            in_specs=(P(), P("data")),
+            out_specs=(P("data"), P()),
+            check_vma=True,
+        )
         return fn(w, xs)[1]
 
-    ref_one = jax.vmap(lambda x: L.laplacian(lambda v: jnp.sum(jnp.tanh(0.5 * v) ** 2), x, method=method,
-                                             key=key, num_samples=4))(xs)
+    ref_one = jax.vmap(
+        lambda x: L.laplacian(
+            lambda v: jnp.sum(jnp.tanh(0.5 * v) ** 2),
+            x,
+            method=method,
+            key=key,
+            num_samples=4,
+        )
+    )(xs)
     total, dw = jax.jit(jax.value_and_grad(loss))(0.5, xs)
     np.testing.assert_allclose(float(total), float(jnp.sum(ref_one)), rtol=1e-4)
-    dw_ref = jax.grad(lambda w: jnp.sum(jax.vmap(lambda x: L.laplacian(
-        lambda v: jnp.sum(jnp.tanh(w * v) ** 2), x, method=method, key=key, num_samples=4))(xs)))(0.5)
+    dw_ref = jax.grad(
+        lambda w: jnp.sum(
+            jax.vmap(
+                lambda x: L.laplacian(
+                    lambda v: jnp.sum(jnp.tanh(w * v) ** 2),
+                    x,
+                    method=method,
+                    key=key,
+                    num_samples=4,
+                )
+            )(xs)
+        )
+    )(0.5)
     np.testing.assert_allclose(float(dw), float(dw_ref), rtol=1e-4)
 
 
@@ -152,7 +201,9 @@ def test_basis_carries_the_varying_axes(mesh):
         seen["eye"] = compat.varying_axes(jnp.eye(3))
         return jax.lax.psum(jnp.sum(block), "data")
 
-    jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=True)(jnp.ones((4, 3)))
+    jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=True)(
+        jnp.ones((4, 3))
+    )
     assert seen == {"basis": frozenset({"data"}), "eye": frozenset()}
 
 
@@ -171,37 +222,59 @@ def test_kinetic_energy_matches_definition():
 def test_slater_laplacian_matches_hessian_and_grad():
     with jax.enable_x64(True):
         for n in (1, 4):
-            params = slater.init_params(jax.random.key(n), n, hidden=6, dtype=jnp.float64)
+            params = slater.init_params(
+                jax.random.key(n), n, hidden=6, dtype=jnp.float64
+            )
             orb = functools.partial(slater.mlp_orbitals, params)
             pos = jax.random.normal(jax.random.key(10 + n), (n, 3), jnp.float64)
-            flat = lambda v: slater.slater_log_psi(orb, v.reshape(n, 3))  # noqa: E731
-            logabs, grad, lap = jax.jit(lambda p: slater.slater_laplacian(orb, p))(pos)
-            np.testing.assert_allclose(float(logabs), float(flat(pos.reshape(-1))), rtol=1e-12)
+            flat = lambda v, orb=orb, n=n: slater.slater_log_psi(orb, v.reshape(n, 3))  # noqa: E731
+            logabs, grad, lap = jax.jit(
+                lambda p, orb=orb: slater.slater_laplacian(orb, p)
+            )(pos)
+            np.testing.assert_allclose(
+                float(logabs), float(flat(pos.reshape(-1))), rtol=1e-12
+            )
             assert grad.shape == (n, 3)
-            np.testing.assert_allclose(np.asarray(grad).ravel(), np.asarray(jax.grad(flat)(pos.reshape(-1))),
-                                       rtol=1e-9, atol=1e-10)
-            np.testing.assert_allclose(float(lap), float(jnp.trace(jax.hessian(flat)(pos.reshape(-1)))),
-                                       rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(
+                np.asarray(grad).ravel(),
+                np.asarray(jax.grad(flat)(pos.reshape(-1))),
+                rtol=1e-9,
+                atol=1e-10,
+            )
+            np.testing.assert_allclose(
+                float(lap),
+                float(jnp.trace(jax.hessian(flat)(pos.reshape(-1)))),
+                rtol=1e-9,
+                atol=1e-9,
+            )
 
 
 def test_slater_log_psi_is_log_abs_det_on_a_non_mlp_orbital_set():
     with jax.enable_x64(True):
+
         def orbitals(r):  # polynomial times Gaussian: 1, x, y, z
             return jnp.concatenate([jnp.ones(1), r]) * jnp.exp(-0.5 * r @ r)
 
         pos = jax.random.normal(jax.random.key(4), (4, 3), jnp.float64)
         a = np.stack([np.asarray(orbitals(r)) for r in pos])
-        np.testing.assert_allclose(float(slater.slater_log_psi(orbitals, pos)), np.log(abs(np.linalg.det(a))),
-                                   rtol=1e-12)
+        np.testing.assert_allclose(
+            float(slater.slater_log_psi(orbitals, pos)),
+            np.log(abs(np.linalg.det(a))),
+            rtol=1e-12,
+        )
         flat = lambda v: slater.slater_log_psi(orbitals, v.reshape(4, 3))  # noqa: E731
         lap = jax.jit(lambda p: slater.slater_laplacian(orbitals, p)[2])(pos)
-        np.testing.assert_allclose(float(lap), float(jtrace_hessian(flat, pos.reshape(-1))), rtol=1e-9)
+        np.testing.assert_allclose(
+            float(lap), float(jtrace_hessian(flat, pos.reshape(-1))), rtol=1e-9
+        )
 
 
 def test_potential_energy_by_hand():
     pos = jnp.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
     want = 0.5 * 4.0 * (1.0 + 4.0) + 1.0 + 0.5 + 1.0 / np.sqrt(5.0)
-    np.testing.assert_allclose(float(slater.potential_energy(pos, omega=2.0)), want, rtol=1e-6)
+    np.testing.assert_allclose(
+        float(slater.potential_energy(pos, omega=2.0)), want, rtol=1e-6
+    )
 
 
 def _walkers(b, n, dtype):
@@ -213,21 +286,40 @@ def test_energy_and_grad_vmc_estimator_by_hand():
         n = 3
         params = slater.init_params(jax.random.key(0), n, hidden=6, dtype=jnp.float64)
         walkers = _walkers(8, n, jnp.float64)
-        energy, grad = slater.energy_and_grad(slater.wavefunction, params, walkers, method="loop")
-        e_l = jax.jit(jax.vmap(lambda w: slater.local_energy(slater.wavefunction, params, w, method="hessian")))(walkers)
+        energy, grad = slater.energy_and_grad(
+            slater.mlp_log_psi, params, walkers, method="loop"
+        )
+        e_l = jax.jit(
+            jax.vmap(
+                lambda w: slater.local_energy(
+                    slater.mlp_log_psi, params, w, method="hessian"
+                )
+            )
+        )(walkers)
         np.testing.assert_allclose(float(energy), float(jnp.mean(e_l)), rtol=1e-10)
-        grads = jax.jit(jax.vmap(jax.grad(slater.wavefunction), in_axes=(None, 0)))(params, walkers)
+        grads = jax.jit(jax.vmap(jax.grad(slater.mlp_log_psi), in_axes=(None, 0)))(
+            params, walkers
+        )
         per_walker = [jax.tree.map(lambda a, i=i: a[i], grads) for i in range(8)]
-        want = jax.tree.map(lambda *gs: 2 * sum((e - jnp.mean(e_l)) * g for e, g in zip(e_l, gs)) / 8, *per_walker)
+        want = jax.tree.map(
+            lambda *gs: 2 * sum((e - jnp.mean(e_l)) * g for e, g in zip(e_l, gs)) / 8,
+            *per_walker,
+        )
         for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(want)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-10)
+            np.testing.assert_allclose(
+                np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-10
+            )
         # the direct estimator differentiates the mean local energy: check one entry by differences
-        _, direct = slater.energy_and_grad(slater.wavefunction, params, walkers, method="vmap", estimator="direct")
+        _, direct = slater.energy_and_grad(
+            slater.mlp_log_psi, params, walkers, method="vmap", estimator="direct"
+        )
         eps = 1e-6
 
         def mean_e(b2):
             p = dict(params, b2=b2)
-            return slater.energy_and_grad(slater.wavefunction, p, walkers, method="hessian")[0]
+            return slater.energy_and_grad(
+                slater.mlp_log_psi, p, walkers, method="hessian"
+            )[0]
 
         bump = jnp.zeros(n).at[1].set(eps)
         fd = (mean_e(params["b2"] + bump) - mean_e(params["b2"] - bump)) / (2 * eps)
@@ -241,149 +333,480 @@ def test_sharded_matches_single_device(mesh, method, estimator):
         n = 3
         params = slater.init_params(jax.random.key(1), n, hidden=6, dtype=jnp.float64)
         walkers = _walkers(8, n, jnp.float64)
-        e1, g1 = slater.energy_and_grad(slater.wavefunction, params, walkers, method=method, estimator=estimator)
-        e2, g2 = slater.sharded_energy_and_grad(slater.wavefunction, params, walkers, mesh, method=method,
-                                           estimator=estimator)
+        e1, g1 = slater.energy_and_grad(
+            slater.mlp_log_psi, params, walkers, method=method, estimator=estimator
+        )
+        e2, g2 = slater.sharded_energy_and_grad(
+            slater.mlp_log_psi,
+            params,
+            walkers,
+            mesh,
+            method=method,
+            estimator=estimator,
+        )
         np.testing.assert_allclose(float(e2), float(e1), rtol=1e-12)
         for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
+            np.testing.assert_allclose(
+                np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11
+            )
 
 
-# --- bad input ------------------------------------------------------------------------
+# --- folx: one forward pass, no separate gradient pass ---------------------------------
 
 
-def test_laplacian_rejects_bad_input():
-    x = jnp.ones(3)
-    with pytest.raises(ValueError, match="unknown Laplacian method 'trace'"):
-        L.laplacian(jnp.sum, x, method="trace")
-    with pytest.raises(ValueError, match="x must be a 1-D array"):
-        L.laplacian(jnp.sum, jnp.ones((2, 3)), method="loop")
-    with pytest.raises(ValueError, match="f must return a scalar"):
-        L.laplacian(lambda v: v * 2, x, method="loop")
-    with pytest.raises(ValueError, match="needs a PRNG key"):
-        L.laplacian(jnp.sum, x, method="hutchinson")
-    with pytest.raises(ValueError, match="num_samples must be a positive int"):
-        L.laplacian(jnp.sum, x, method="hutchinson", key=jax.random.key(0), num_samples=0)
-    with pytest.raises(TypeError, match="floating-point"):
-        L.laplacian(jnp.sum, jnp.arange(3), method="loop")
-    with pytest.raises(TypeError, match="f must be a function"):
-        L.laplacian(3.0, x, method="loop")
+def _primitive_counts(jaxpr) -> dict[str, int]:
+    """Primitive name -> count over a jaxpr and every sub-jaxpr (pjit, loops, custom rules)."""
+    counts: dict[str, int] = {}
+
+    def subjaxprs(value):
+        if isinstance(value, (tuple, list)):
+            for v in value:
+                yield from subjaxprs(v)
+        elif hasattr(value, "eqns"):  # a Jaxpr
+            yield value
+        elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):  # a ClosedJaxpr
+            yield value.jaxpr
+
+    def visit(j):
+        for eqn in j.eqns:
+            counts[eqn.primitive.name] = counts.get(eqn.primitive.name, 0) + 1
+            for value in eqn.params.values():
+                for sub in subjaxprs(value):
+                    visit(sub)
+
+    visit(jaxpr.jaxpr)
+    return counts
 
 
-def test_slater_rejects_bad_input():
-    orb = lambda r: jnp.concatenate([jnp.ones(1), r])  # noqa: E731  4 orbitals
-    with pytest.raises(ValueError, match=r"positions must have shape \(n, 3\)"):
-        slater.slater_laplacian(orb, jnp.ones((4, 2)))
-    with pytest.raises(ValueError, match=r"positions must have shape \(n, 3\)"):
-        slater.slater_log_psi(orb, jnp.ones(12))
-    with pytest.raises(ValueError, match="orbitals must map one position"):
-        slater.slater_log_psi(orb, jnp.ones((3, 3)))
-    with pytest.raises(ValueError, match="n_electrons must be a positive int"):
-        slater.init_params(jax.random.key(0), 0)
+@pytest.mark.parametrize("f", [small_mlp, slater_fn], ids=["small_mlp", "slater"])
+def test_folx_method_is_folx_alone_without_a_gradient_pass(f):
+    x = jax.random.normal(jax.random.key(0), (9,), jnp.float32)
+
+    def folx_alone(v):
+        out = folx.forward_laplacian(f)(v)
+        return out.jacobian.dense_array, out.laplacian
+
+    def old_way(v):  # folx's Laplacian plus a separate reverse-mode gradient
+        return jax.grad(f)(v), folx.forward_laplacian(f)(v).laplacian
+
+    ours = _primitive_counts(
+        jax.make_jaxpr(lambda v: L.grad_and_laplacian(f, v, method="folx"))(x)
+    )
+    alone = _primitive_counts(jax.make_jaxpr(folx_alone)(x))
+    old = _primitive_counts(jax.make_jaxpr(old_way)(x))
+    # the same program as folx called directly: the gradient is folx's own Jacobian ...
+    assert ours == alone
+    # ... and the criterion sees a separate gradient pass (it adds primitives)
+    assert sum(old.values()) > sum(alone.values())
+    g, lap = jax.jit(lambda v: L.grad_and_laplacian(f, v, method="folx"))(x)
+    np.testing.assert_allclose(
+        np.asarray(g), np.asarray(jax.grad(f)(x)), rtol=2e-5, atol=2e-6
+    )
 
 
-def test_energy_and_grad_rejects_bad_input(mesh):
-    params = slater.init_params(jax.random.key(0), 2, hidden=4)
-    with pytest.raises(ValueError, match=r"walkers must have shape \(batch, n, 3\)"):
-        slater.energy_and_grad(slater.wavefunction, params, jnp.ones((4, 6)))
-    with pytest.raises(ValueError, match="estimator must be"):
-        slater.energy_and_grad(slater.wavefunction, params, jnp.ones((4, 2, 3)), estimator="mean")
-    with pytest.raises(ValueError, match="unknown Laplacian method"):
-        slater.energy_and_grad(slater.wavefunction, params, jnp.ones((4, 2, 3)), method="jet")
-    with pytest.raises(ValueError, match="must be divisible"):
-        slater.sharded_energy_and_grad(slater.wavefunction, params, jnp.ones((6, 2, 3)), mesh)
-    with pytest.raises(ValueError, match="not an axis of the mesh"):
-        slater.sharded_energy_and_grad(slater.wavefunction, params, jnp.ones((8, 2, 3)), mesh, axis_name="batch")
+# --- Hutchinson: one key per walker and per shard ------------------------------------------
 
 
-# --- widget callback and exercise checkers ----------------------------------------------
-
-PROFILE = {
-    2: {"probe_seconds": 1e-4, "sample_variance": 16.0, "exact_seconds": 6e-4, "laplacian": -8.0},
-    4: {"probe_seconds": 2e-4, "sample_variance": 100.0, "exact_seconds": 2.4e-3, "laplacian": -50.0},
-}
-
-
-@pytest.mark.parametrize("n,s", [(2, 1), (2, 6), (4, 4), (4, 100)])
-def test_hutchinson_tradeoff_values(n, s):
-    t = L.hutchinson_tradeoff(PROFILE, n, s)
-    p = PROFILE[n]
-    assert t["cost_seconds"] == pytest.approx(s * p["probe_seconds"])
-    assert t["std_error"] == pytest.approx(np.sqrt(p["sample_variance"] / s))
-    assert t["relative_error"] == pytest.approx(t["std_error"] / abs(p["laplacian"]))
-    assert t["cost_vs_exact"] == pytest.approx(s * p["probe_seconds"] / p["exact_seconds"])
-    assert t["probes_for_exact_cost"] == pytest.approx(3 * n)  # the profile above has exact = 3n probes
-    text = L.describe_tradeoff(PROFILE, n, s)
-    assert f"n = {n} electrons" in text and f"S = {s} probes" in text
+def test_walker_keys_differ_and_follow_the_global_index():
+    keys = slater.walker_keys(jax.random.key(0), 4, first=2)
+    data = np.asarray(jax.random.key_data(keys))
+    assert len({tuple(row) for row in data}) == 4
+    want = np.asarray(jax.random.key_data(jax.random.fold_in(jax.random.key(0), 5)))
+    np.testing.assert_array_equal(data[3], want)
 
 
-def test_hutchinson_tradeoff_error_falls_and_cost_rises():
-    rows = [L.hutchinson_tradeoff(PROFILE, 4, s) for s in (1, 4, 16, 64)]
-    assert all(a["std_error"] > b["std_error"] for a, b in zip(rows, rows[1:]))
-    assert all(a["cost_seconds"] < b["cost_seconds"] for a, b in zip(rows, rows[1:]))
-    with pytest.raises(ValueError, match="no measurements for n = 8"):
-        L.hutchinson_tradeoff(PROFILE, 8, 4)
-    with pytest.raises(ValueError, match="num_samples must be a positive int"):
-        L.hutchinson_tradeoff(PROFILE, 4, 0)
+def test_hutchinson_noise_averages_down_with_the_batch():
+    # B copies of one point: with one key per walker the batch mean's error is about
+    # s / sqrt(B) (s: spread of one walker's estimate); with a key shared by all walkers
+    # it would stay the error of one walker (about s), whatever B.
+    with jax.enable_x64(True):
+        n, batch = 2, 1024
+        params = slater.init_params(jax.random.key(3), n, hidden=4, dtype=jnp.float64)
+        x = jax.random.normal(jax.random.key(4), (n, 3), jnp.float64)
+        walkers = jnp.broadcast_to(x, (batch, n, 3))
+        key = jax.random.key(11)
+        exact = float(
+            slater.local_energy(slater.mlp_log_psi, params, x, method="hessian")
+        )
+        mean, _ = slater.energy_and_grad(
+            slater.mlp_log_psi, params, walkers, method="hutchinson", key=key
+        )
+        per_walker = jax.jit(
+            jax.vmap(
+                lambda k: slater.local_energy(
+                    slater.mlp_log_psi, params, x, method="hutchinson", key=k
+                )
+            )
+        )(slater.walker_keys(key, batch))
+        s = float(jnp.std(per_walker))
+        assert s > 1e-3 * abs(exact)  # the estimates do differ between walkers
+        np.testing.assert_allclose(float(mean), float(jnp.mean(per_walker)), rtol=1e-12)
+        assert abs(float(mean) - exact) < 4 * s / np.sqrt(batch)  # 4 standard errors
+        shared = float(
+            slater.local_energy(
+                slater.mlp_log_psi, params, x, method="hutchinson", key=key
+            )
+        )
+        assert shared != pytest.approx(
+            float(mean), rel=1e-6
+        )  # a shared key would give this
 
 
-def test_plot_tradeoff_draws_one_panel_per_size():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    axes = L.plot_tradeoff(PROFILE, [1, 4, 16])
-    assert len(axes) == 2 and axes[0].get_title() == "n = 2 (d = 6)"
-    assert len(axes[0].get_lines()) == 1
-    plt.close("all")
+# --- caches of compiled steps: no leaks, any callable ---------------------------------------
 
 
-def test_time_call():
-    compile_s, median = L.time_call(jax.jit(lambda v: v * 2), jnp.ones(3), repeats=3)
-    assert compile_s >= 0 and median > 0
-    with pytest.raises(ValueError, match="repeats"):
-        L.time_call(jnp.sin, 1.0, repeats=0)
+def test_compiled_steps_do_not_keep_the_wavefunction_alive():
+    with jax.enable_x64(True):
+        params = slater.init_params(jax.random.key(0), 2, hidden=4, dtype=jnp.float64)
+        log_psi = functools.partial(slater.mlp_log_psi)  # a fresh callable object
+        walkers = _walkers(4, 2, jnp.float64)
+        before = len(slater._PROGRAMS)
+        slater.energy_and_grad(log_psi, params, walkers)
+        assert len(slater._PROGRAMS) == before + 1
+        dead = weakref.ref(log_psi)
+        del log_psi
+        gc.collect()
+        assert dead() is None, (
+            "the cache kept the wavefunction (and its compiled programs) alive"
+        )
+        assert len(slater._PROGRAMS) == before
 
 
-def _loop_solution(f, x):
-    g, hvp = jax.linearize(jax.grad(f), x)
-    eye = jnp.eye(x.shape[0], dtype=x.dtype)
-    return jax.lax.fori_loop(0, x.shape[0], lambda i, acc: acc + hvp(eye[i])[i], jnp.zeros_like(g[0]))
+class EqualByValue:
+    """A callable that defines __eq__ but not __hash__ (so it is unhashable)."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __eq__(self, other):
+        return isinstance(other, EqualByValue) and other.scale == self.scale
+
+    def __call__(self, params, x):
+        return self.scale * slater.mlp_log_psi(params, x)
 
 
-def test_check_loop_laplacian():
-    assert L.check_loop_laplacian(_loop_solution, strict=True)
-    wrong = L.check_loop_laplacian(lambda f, x: jnp.sum(jax.grad(f)(x)))
-    assert not wrong and "differs" in str(wrong)
-    stub = L.check_loop_laplacian(lambda f, x: (_ for _ in ()).throw(NotImplementedError))
-    assert not stub and "stub" in str(stub)
+def test_unhashable_callables_work_and_are_compiled_once():
+    with pytest.raises(TypeError):
+        hash(EqualByValue(1.0))
+    with jax.enable_x64(True):
+        params = slater.init_params(jax.random.key(0), 2, hidden=4, dtype=jnp.float64)
+        walkers = _walkers(4, 2, jnp.float64)
+        fn = EqualByValue(1.0)
+        e1, _ = slater.energy_and_grad(fn, params, walkers)
+        e2, _ = slater.energy_and_grad(slater.mlp_log_psi, params, walkers)
+        np.testing.assert_allclose(float(e1), float(e2), rtol=1e-12)
+        programs = dict(slater._PROGRAMS._entries[id(fn)][1])
+        slater.energy_and_grad(fn, params, walkers)
+        assert slater._PROGRAMS._entries[id(fn)][1] == programs  # reused, not rebuilt
+        out, _ = slater.sample_walkers(
+            fn, params, walkers, jax.random.key(0), steps=2, step_size=0.1
+        )
+        assert out.shape == walkers.shape
 
 
-def test_check_row_update_second_derivative():
-    def right(a, i, u):
-        return -(u @ jnp.linalg.solve(a, jnp.eye(a.shape[0])[:, i])) ** 2
-
-    assert L.check_row_update_second_derivative(right, strict=True)
-    wrong = L.check_row_update_second_derivative(lambda a, i, u: (u @ jnp.linalg.solve(a, jnp.eye(a.shape[0])[:, i])) ** 2)
-    assert not wrong
+# --- meshes as users make them ---------------------------------------------------------------
 
 
-def test_check_sharded_kinetic():
-    def fixed(log_psi, x):
-        f = lambda v: log_psi(v.reshape(x.shape))  # noqa: E731
-        g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
-        eye = L.basis(g)
-        lap = jax.lax.fori_loop(0, g.shape[0], lambda i, acc: acc + hvp(eye[i])[i], jnp.zeros_like(g[0]))
-        return -0.5 * (lap + g @ g)
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit", "default"])
+@pytest.mark.parametrize("method", ["loop", "hutchinson"])
+def test_sharded_step_with_jax_make_mesh_and_plain_arrays(axis_type, method):
+    with jax.enable_x64(True):
+        n = 3
+        params = slater.init_params(jax.random.key(1), n, hidden=6, dtype=jnp.float64)
+        walkers = np.asarray(_walkers(8, n, jnp.float64))  # plain, unsharded
+        if axis_type == "default":
+            import warnings
 
-    def broken(log_psi, x):
-        f = lambda v: log_psi(v.reshape(x.shape))  # noqa: E731
-        g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
-        eye = jnp.eye(g.shape[0], dtype=g.dtype)
-        lap = jax.lax.fori_loop(0, g.shape[0], lambda i, acc: acc + hvp(eye[i])[i], jnp.zeros_like(g[0]))
-        return -0.5 * (lap + g @ g)
+            with warnings.catch_warnings():  # 0.8.x warns that the default will change
+                warnings.simplefilter("ignore", DeprecationWarning)
+                mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
+        else:
+            kind = getattr(jax.sharding.AxisType, axis_type)
+            mesh = jax.make_mesh(
+                (4,), ("data",), axis_types=(kind,), devices=jax.devices()[:4]
+            )
+        key = jax.random.key(2)
+        e1, g1 = slater.energy_and_grad(
+            slater.mlp_log_psi, params, walkers, method=method, key=key
+        )
+        e2, g2 = slater.sharded_energy_and_grad(
+            slater.mlp_log_psi, params, walkers, mesh, method=method, key=key
+        )
+        # the same walkers get the same probes: sharded == one device up to summation order
+        np.testing.assert_allclose(float(e2), float(e1), rtol=1e-12)
+        for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
+            np.testing.assert_allclose(
+                np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11
+            )
 
-    assert L.check_sharded_kinetic(fixed, strict=True)
-    bad = L.check_sharded_kinetic(broken)
-    assert not bad and "ValueError" in str(bad)
+
+# --- bad input: one table per module ----------------------------------------------------------
+
+X3 = jnp.ones(3)
+KEY = jax.random.key(0)
+
+LAPLACIAN_BAD_INPUT = [
+    (
+        "unknown method",
+        lambda: L.laplacian(jnp.sum, X3, method="trace"),
+        ValueError,
+        "unknown Laplacian method 'trace'",
+    ),
+    (
+        "method not a str",
+        lambda: L.grad_and_laplacian(jnp.sum, X3, method=None),
+        ValueError,
+        "unknown Laplacian method None",
+    ),
+    (
+        "2-D x",
+        lambda: L.laplacian(jnp.sum, jnp.ones((2, 3))),
+        ValueError,
+        "x must be a 1-D array",
+    ),
+    (
+        "non-scalar f",
+        lambda: L.laplacian(lambda v: v * 2, X3),
+        ValueError,
+        "f must return a scalar",
+    ),
+    (
+        "hutchinson without key",
+        lambda: L.laplacian(jnp.sum, X3, method="hutchinson"),
+        ValueError,
+        "needs a PRNG key",
+    ),
+    (
+        "num_samples=0",
+        lambda: L.laplacian(jnp.sum, X3, method="hutchinson", key=KEY, num_samples=0),
+        ValueError,
+        "num_samples must be a positive int",
+    ),
+    (
+        "integer x",
+        lambda: L.laplacian(jnp.sum, jnp.arange(3)),
+        TypeError,
+        "floating-point",
+    ),
+    (
+        "f not a function",
+        lambda: L.laplacian(3.0, X3),
+        TypeError,
+        "f must be a function",
+    ),
+    (
+        "kinetic_energy(3, x)",
+        lambda: L.kinetic_energy(3, X3),
+        TypeError,
+        "log_psi must be a function",
+    ),
+    (
+        "hutchinson_samples num_samples=0",
+        lambda: L.hutchinson_samples(jnp.sum, X3, KEY, 0),
+        ValueError,
+        "num_samples must be a positive int",
+    ),
+    (
+        "hutchinson_samples num_samples=2.0",
+        lambda: L.hutchinson_samples(jnp.sum, X3, KEY, 2.0),
+        ValueError,
+        "num_samples must be a positive int",
+    ),
+    (
+        "hutchinson_samples key=0",
+        lambda: L.hutchinson_samples(jnp.sum, X3, 0, 4),
+        TypeError,
+        r"key must be a JAX PRNG key",
+    ),
+    (
+        "hutchinson_probes key=None",
+        lambda: L.hutchinson_probes(None, X3, 4),
+        ValueError,
+        "needs a PRNG key",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [c[1:] for c in LAPLACIAN_BAD_INPUT],
+    ids=[c[0] for c in LAPLACIAN_BAD_INPUT],
+)
+def test_laplacian_module_rejects_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def _ferminet_like(positions):  # orbitals of all electrons at once: (n, 3) -> (n, n)
+    mean = jnp.mean(positions, axis=0)
+    return jnp.tanh(positions @ jnp.ones((3, positions.shape[0])) + mean @ jnp.ones(3))
+
+
+ORB4 = lambda r: jnp.concatenate([jnp.ones(1), r])  # noqa: E731  4 orbitals
+P2 = slater.init_params(jax.random.key(0), 2, hidden=4)
+W4 = jnp.zeros((4, 2, 3))
+
+SLATER_BAD_INPUT = [
+    (
+        "positions (n, 2)",
+        lambda m: slater.slater_laplacian(ORB4, jnp.ones((4, 2))),
+        ValueError,
+        r"positions must have shape \(n, 3\)",
+    ),
+    (
+        "positions 1-D",
+        lambda m: slater.slater_log_psi(ORB4, jnp.ones(12)),
+        ValueError,
+        r"positions must have shape \(n, 3\)",
+    ),
+    (
+        "integer positions",
+        lambda m: slater.slater_matrix(ORB4, jnp.ones((4, 3), jnp.int32)),
+        TypeError,
+        "floating-point",
+    ),
+    (
+        "orbital count != n",
+        lambda m: slater.slater_log_psi(ORB4, jnp.ones((3, 3))),
+        ValueError,
+        "orbitals must map one position",
+    ),
+    (
+        "orbitals not callable",
+        lambda m: slater.slater_laplacian(jnp.ones(4), jnp.ones((4, 3))),
+        TypeError,
+        "orbitals must be a function",
+    ),
+    (
+        "FermiNet-style orbitals",
+        lambda m: slater.slater_laplacian(_ferminet_like, jnp.ones((4, 3))),
+        ValueError,
+        r"depend on all electrons .* method='folx'",
+    ),
+    (
+        "row_formula shapes",
+        lambda m: slater.row_formula(jnp.eye(3), jnp.zeros((3, 3)), jnp.zeros((3, 3))),
+        ValueError,
+        r"expected shapes \(n, n\), \(n, n, 3\), \(n, n\)",
+    ),
+    (
+        "init_params n=0",
+        lambda m: slater.init_params(KEY, 0),
+        ValueError,
+        "n_electrons must be a positive int",
+    ),
+    (
+        "init_params hidden=0",
+        lambda m: slater.init_params(KEY, 2, hidden=0),
+        ValueError,
+        "hidden must be a positive int",
+    ),
+    (
+        "mlp params for other n",
+        lambda m: slater.mlp_slater_laplacian(P2, jnp.ones((3, 3))),
+        ValueError,
+        r"params\['w2'\] must have shape \(4, 3\) for 3 electrons",
+    ),
+    (
+        "potential (n, 2)",
+        lambda m: slater.potential_energy(jnp.ones((3, 2))),
+        ValueError,
+        r"positions must have shape \(n, 3\)",
+    ),
+    (
+        "walkers 2-D",
+        lambda m: slater.energy_and_grad(slater.mlp_log_psi, P2, jnp.ones((4, 6))),
+        ValueError,
+        r"walkers must have shape \(batch, n, 3\)",
+    ),
+    (
+        "estimator",
+        lambda m: slater.energy_and_grad(slater.mlp_log_psi, P2, W4, estimator="mean"),
+        ValueError,
+        "estimator must be",
+    ),
+    (
+        "method",
+        lambda m: slater.energy_and_grad(slater.mlp_log_psi, P2, W4, method="jet"),
+        ValueError,
+        "unknown Laplacian method",
+    ),
+    (
+        "hutchinson without key",
+        lambda m: slater.energy_and_grad(
+            slater.mlp_log_psi, P2, W4, method="hutchinson"
+        ),
+        ValueError,
+        "needs a PRNG key",
+    ),
+    (
+        "log_psi not callable",
+        lambda m: slater.energy_and_grad(P2, P2, W4),
+        TypeError,
+        "log_psi must be a function",
+    ),
+    (
+        "omega a string",
+        lambda m: slater.energy_and_grad(slater.mlp_log_psi, P2, W4, omega="1"),
+        TypeError,
+        "omega must be a Python number",
+    ),
+    (
+        "mesh a dict",
+        lambda m: slater.sharded_energy_and_grad(
+            slater.mlp_log_psi, P2, W4, {"data": 4}
+        ),
+        TypeError,
+        r"mesh must be a jax.sharding.Mesh.*jax.make_mesh",
+    ),
+    (
+        "batch not divisible",
+        lambda m: slater.sharded_energy_and_grad(
+            slater.mlp_log_psi, P2, jnp.ones((6, 2, 3)), m
+        ),
+        ValueError,
+        "must be divisible",
+    ),
+    (
+        "axis not in mesh",
+        lambda m: slater.sharded_energy_and_grad(
+            slater.mlp_log_psi, P2, W4, m, axis_name="batch"
+        ),
+        ValueError,
+        "not an axis of the mesh",
+    ),
+    (
+        "steps=0",
+        lambda m: slater.sample_walkers(
+            slater.mlp_log_psi, P2, W4, KEY, steps=0, step_size=0.1
+        ),
+        ValueError,
+        "steps must be a positive int",
+    ),
+    (
+        "step_size<0",
+        lambda m: slater.sample_walkers(
+            slater.mlp_log_psi, P2, W4, KEY, steps=1, step_size=-1.0
+        ),
+        ValueError,
+        "step_size must be a positive number",
+    ),
+    (
+        "integer walkers",
+        lambda m: slater.sample_walkers(
+            slater.mlp_log_psi, P2, W4.astype(jnp.int32), KEY, steps=1, step_size=0.1
+        ),
+        TypeError,
+        "floating-point",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [c[1:] for c in SLATER_BAD_INPUT],
+    ids=[c[0] for c in SLATER_BAD_INPUT],
+)
+def test_slater_module_rejects_bad_input(mesh, call, error, match):
+    with pytest.raises(error, match=match):
+        call(mesh)

@@ -355,3 +355,31 @@ def _custom_root_float_aux(
 
 
 # ----------------------------------------------------------------------------- Chapter 5
+
+
+def jaxpr_atom_value(atom: Any, env: dict[Any, Any]) -> Any:
+    """The value of a jaxpr input ``atom``: a literal's constant, or ``env[atom]`` for a variable.
+
+    Used by :mod:`beyondgrad.slater`'s forward-Laplacian interpreter (Chapter 5);
+    ``jax.extend.core.Literal`` is public from 0.8.2 to the newest JAX.
+    """
+    from jax.extend.core import Literal
+
+    return atom.val if isinstance(atom, Literal) else env[atom]
+
+
+def bind_equation(eqn: Any, invals: Sequence[Any]) -> list[Any]:
+    """Apply one jaxpr equation's primitive to ``invals``; always returns a list of outputs.
+
+    This is what ``jax.core.eval_jaxpr`` does per equation (``get_bind_params`` turns
+    stored sub-jaxprs back into what ``bind`` takes), so any primitive, including
+    ``jit``, ``custom_jvp_call`` and control flow, can be re-applied under
+    ``jax.jvp``/``jax.vmap`` by an interpreter.
+    """
+    bind_params = eqn.primitive.get_bind_params(eqn.params)
+    if isinstance(bind_params, tuple):  # JAX 0.8.x: (sub-functions, params)
+        subfuns, params = bind_params
+    else:  # newer JAX: the sub-functions stay inside the params
+        subfuns, params = (), bind_params
+    out = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
