@@ -1,17 +1,24 @@
 """The one place that knows JAX's version differences and private APIs (0.8.2 .. newest).
 
-=============================  ==================================  =====================================
-what                           JAX 0.8.2 .. 0.9.x                  JAX 0.10 and newer
-=============================  ==================================  =====================================
-cast to varying                ``lax.pcast(x, axes, to='varying')`` (``lax.pvary`` also exists, but not from 0.10)
-varying axes of a type         ``jax.typeof(x).vma``               ``jax.typeof(x).manual_axis_type.varying``
-``jax.make_mesh`` default      ``AxisType.Auto`` on 0.8.x, ``Explicit`` from 0.9: :func:`make_mesh` always states it
-=============================  ==================================  =====================================
+Version differences absorbed here (facts from the version-drift report, ``drift.md``):
 
-Private APIs read here and nowhere else (each stable across the range, tested):
+* cast to varying: ``lax.pcast(x, axes, to='varying')`` exists from 0.8.2 (the floor);
+  ``lax.pvary`` exists up to 0.9.x only, so nothing here uses it (:func:`pcast_varying`).
+* varying axes of a type: ``jax.typeof(x).vma`` up to 0.9.x,
+  ``jax.typeof(x).manual_axis_type.varying`` from 0.10 (:func:`varying_axes`).
+* ``jax.make_mesh``'s default axis types: Auto up to 0.8.x, Explicit from 0.9
+  (:func:`make_mesh` always states them).
+* ``jax_use_direct_linearize``: obeyed up to 0.9.x, ignored from 0.10
+  (:func:`direct_linearize_option`, :func:`set_direct_linearize`).
+* ``custom_root`` with an integer aux output fails under ``jvp``/``grad`` before 0.11
+  (:func:`custom_root_integer_aux_ok`, :func:`custom_root_with_aux`), and appears in a
+  jaxpr under a different primitive on 0.8.x and on newer JAX (:func:`uses_custom_root`).
+
+Private APIs read here and nowhere else (each tested on both ends of the range):
 ``jax._src.xla_bridge.backends_are_initialized`` (:func:`backends_initialized`),
-``jax._src.core.to_concrete_value`` (:func:`concrete_value`), and a ``jit`` function's
-``_cache_size()`` (:func:`jit_cache_size`).
+``jax._src.core.to_concrete_value`` (:func:`concrete_value`), a ``jit`` function's
+``_cache_size()`` (:func:`jit_cache_size`), and a jaxpr equation's bind parameters
+(:func:`bind_equation`, :func:`jaxpr_atom_value`).
 
 Versions are compared with :func:`jax_version` (``jax.__version_info__``), never by
 parsing the string. Importing this module starts no backend.
@@ -27,8 +34,13 @@ from jax import lax
 from jax.sharding import AxisType
 
 __all__ = [
+    "DIRECT_LINEARIZE_OPTION",
     "AxisNames",
     "backends_initialized",
+    "bind_equation",
+    "direct_linearize_option",
+    "jaxpr_atom_value",
+    "set_direct_linearize",
     "concrete_value",
     "custom_root_eqns",
     "custom_root_integer_aux_ok",
@@ -157,12 +169,6 @@ def jit_cache_size(jitted: Any) -> int:
 
 
 # ----------------------------------------------------------------------------- Chapter 2
-
-__all__ += [
-    "DIRECT_LINEARIZE_OPTION",
-    "direct_linearize_option",
-    "set_direct_linearize",
-]
 
 #: The config option that chose between direct linearization and JVP + partial
 #: evaluation. Present on 0.8.2 (which obeys ``False``) and on 0.12 (which ignores it).
