@@ -39,7 +39,7 @@ Determinant wavefunctions, their structured Laplacian and VMC energies are in
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,7 @@ from beyondgrad import compat
 
 __all__ = [
     "METHODS",
+    "LaplacianOptions",
     "Method",
     "basis",
     "grad_and_laplacian",
@@ -59,6 +60,17 @@ __all__ = [
 ]
 
 Method = Literal["hessian", "loop", "vmap", "folx", "hutchinson"]
+
+
+class LaplacianOptions(TypedDict, total=False):
+    """The keyword options :func:`laplacian` and :func:`kinetic_energy` pass on to
+    :func:`grad_and_laplacian` (defaults there: ``method="loop"``, ``key=None``,
+    ``num_samples=16``, ``sparsity_threshold=0``)."""
+
+    method: Method
+    key: jax.Array | None
+    num_samples: int
+    sparsity_threshold: float
 METHODS: tuple[str, ...] = ("hessian", "loop", "vmap", "folx", "hutchinson")
 
 
@@ -205,13 +217,7 @@ def hutchinson_samples(
 
 
 def laplacian(
-    f: Callable[[jax.Array], jax.Array],
-    x: jax.Array,
-    *,
-    method: Method = "loop",
-    key: jax.Array | None = None,
-    num_samples: int = 16,
-    sparsity_threshold: float = 0,
+    f: Callable[[jax.Array], jax.Array], x: jax.Array, **options: Unpack[LaplacianOptions]
 ) -> jax.Array:
     """The Laplacian :math:`\\operatorname{tr}\\nabla^2 f(x)` of a scalar ``f`` at a 1-D ``x``.
 
@@ -224,24 +230,13 @@ def laplacian(
     a missing key or ``num_samples < 1``; ``TypeError`` for a non-function ``f`` or an
     integer ``x``.
     """
-    return grad_and_laplacian(
-        f,
-        x,
-        method=method,
-        key=key,
-        num_samples=num_samples,
-        sparsity_threshold=sparsity_threshold,
-    )[1]
+    return grad_and_laplacian(f, x, **options)[1]
 
 
 def kinetic_energy(
     log_psi: Callable[[jax.Array], jax.Array],
     x: jax.Array,
-    *,
-    method: Method = "loop",
-    key: jax.Array | None = None,
-    num_samples: int = 16,
-    sparsity_threshold: float = 0,
+    **options: Unpack[LaplacianOptions],
 ) -> jax.Array:
     """Local kinetic energy :math:`-\\tfrac12(\\Delta\\log|\\psi| + |\\nabla\\log|\\psi||^2)` at ``x``.
 
@@ -257,12 +252,5 @@ def kinetic_energy(
     def flat(v: jax.Array) -> jax.Array:
         return log_psi(v.reshape(shape))
 
-    g, lap = grad_and_laplacian(
-        flat,
-        x.reshape(-1),
-        method=method,
-        key=key,
-        num_samples=num_samples,
-        sparsity_threshold=sparsity_threshold,
-    )
+    g, lap = grad_and_laplacian(flat, x.reshape(-1), **options)
     return -0.5 * (lap + jnp.sum(g * g))
