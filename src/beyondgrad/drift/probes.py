@@ -140,6 +140,27 @@ def _P(*names):
     return PartitionSpec(*names)
 
 
+def _eager_grad(put_as=None, set_mesh: bool = False) -> str:
+    """grad of a shard_map of psum(sum(a**2)) over ("data",) on a default
+    jax.make_mesh mesh, called eagerly at arange(8): the argument optionally put on
+    the mesh with the spec ``put_as``, the call optionally inside
+    `with jax.set_mesh(mesh)`."""
+    import contextlib
+
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
+    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
+    x = jnp.arange(8.0)
+    if put_as is not None:
+        x = jax.device_put(x, NamedSharding(mesh, put_as))
+    with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():
+        return _short(jax.grad(f)(x))
+
+
 # ----------------------------------------------------------------------------- Chapter 1
 
 
@@ -510,27 +531,6 @@ def shard_map_explicit_mismatch() -> str:
     x_rep = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, _P()))
     out = _shard_map(lambda a: 2 * a, mesh, _P("data"), _P("data"))(x_rep)
     return f"{_typeof(out)} sum {_short(jnp.sum(out))}"
-
-
-def _eager_grad(put_as=None, set_mesh: bool = False) -> str:
-    """grad of a shard_map of psum(sum(a**2)) over ("data",) on a default
-    jax.make_mesh mesh, called eagerly at arange(8): the argument optionally put on
-    the mesh with the spec ``put_as``, the call optionally inside
-    `with jax.set_mesh(mesh)`."""
-    import contextlib
-
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.sharding import NamedSharding
-
-    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
-    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
-    x = jnp.arange(8.0)
-    if put_as is not None:
-        x = jax.device_put(x, NamedSharding(mesh, put_as))
-    with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():
-        return _short(jax.grad(f)(x))
 
 
 @_probe(
