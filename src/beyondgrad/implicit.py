@@ -97,6 +97,16 @@ def _is_array_tol(tol: object) -> bool:
     )
 
 
+def _is_int(value: object) -> bool:
+    """A Python int (``bool`` excluded: ``True`` is no iteration count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """A Python int or float (``bool`` excluded)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _static_zero(tol: object) -> bool:
     """``tol`` is the Python number 0: run a fixed trip count without checks."""
     return isinstance(tol, (int, float)) and tol == 0
@@ -130,17 +140,12 @@ def _check_args(
             )
     if _is_array_tol(tol):
         pass  # a 0-d float array, possibly traced: one compilation for every tol
-    elif (
-        isinstance(tol, bool)
-        or not isinstance(tol, (int, float))
-        or not math.isfinite(tol)
-        or tol < 0
-    ):
+    elif not _is_real(tol) or not math.isfinite(tol) or tol < 0:
         raise ValueError(
             f"{name}: tol must be a finite Python float >= 0 (0 means: always run "
             f"max_iter steps) or a 0-d float array, got {tol!r}"
         )
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+    if not _is_int(max_iter) or max_iter < 1:
         raise ValueError(
             f"{name}: max_iter must be a Python int >= 1, got {max_iter!r}"
         )
@@ -212,7 +217,7 @@ def iterative_tangent_solve(
     """
     if method not in ("gmres", "cg"):
         raise ValueError(f"method must be 'gmres' or 'cg', got {method!r}")
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
+    if not _is_real(tol) or not 0 < tol < 1:
         raise ValueError(
             f"tol must be a relative tolerance, a float in (0, 1), got {tol!r}"
         )
@@ -278,14 +283,26 @@ def _iterate(
     return x, SolverInfo(k, res, res <= tol)
 
 
+def _fixed_point_residual(
+    f: Callable[[PyTree, PyTree], PyTree], params: PyTree
+) -> Callable[[PyTree], PyTree]:
+    """``F(x) = f(x, params) - x`` (leaf by leaf): zero exactly at a fixed point of ``f``."""
+
+    def residual(x: PyTree) -> PyTree:
+        return jax.tree_util.tree_map(lambda a, b: a - b, f(x, params), x)
+
+    return residual
+
+
 def _custom_root_with_info(
     root_fn: LinearMap,
     x0: PyTree,
     solve: Callable[[LinearMap, PyTree], tuple[PyTree, SolverInfo]],
-    tangent_solve: Callable[[LinearMap, PyTree], PyTree],
+    tangent_solver: TangentSolver,
     tol: float | jax.Array,
 ) -> tuple[PyTree, SolverInfo]:
-    """``lax.custom_root(..., has_aux=True)`` with :class:`SolverInfo` as the aux.
+    """``lax.custom_root(..., has_aux=True)`` with :class:`SolverInfo` as the aux, and
+    the tangent solve that :func:`_tangent` makes of ``tangent_solver``.
 
     The aux is the iteration count (int32) and the residual; ``converged`` is rebuilt
     after. :func:`beyondgrad.compat.custom_root_with_aux` handles the JAX versions
@@ -297,7 +314,7 @@ def _custom_root_with_info(
         return root, (info.iterations.astype(jnp.int32), info.residual)
 
     root, (iterations, residual) = compat.custom_root_with_aux(
-        root_fn, x0, solve_counts, tangent_solve
+        root_fn, x0, solve_counts, _tangent(tangent_solver, x0)
     )
     return root, SolverInfo(iterations, residual, residual <= tol)
 
@@ -326,8 +343,7 @@ def fixed_point(
     """
     _check_args("fixed_point", f, x0, params, tol, max_iter, tangent_solver)
 
-    def root_fn(x: PyTree) -> PyTree:
-        return jax.tree_util.tree_map(lambda a, b: a - b, f(x, params), x)
+    root_fn = _fixed_point_residual(f, params)
 
     def solve(g: Callable[[PyTree], PyTree], x: PyTree) -> tuple[PyTree, SolverInfo]:
         # x + g(x) == f(x, params): the solve only sees the root function.
@@ -335,7 +351,7 @@ def fixed_point(
             lambda z, r: jax.tree_util.tree_map(jnp.add, z, r), g, x, tol, max_iter
         )
 
-    return _custom_root_with_info(root_fn, x0, solve, _tangent(tangent_solver, x0), tol)
+    return _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
 
 
 def newton_root(
@@ -343,9 +359,9 @@ def newton_root(
     x0: PyTree,
     params: PyTree,
     *,
+    tangent_solver: TangentSolver = "dense",
     tol: float | jax.Array = 1e-6,
     max_iter: int = 50,
-    tangent_solver: TangentSolver = "dense",
 ) -> tuple[PyTree, SolverInfo]:
     """A root ``f(x*, params) = 0`` by Newton's method, differentiable w.r.t. ``params``.
 
@@ -373,7 +389,7 @@ def newton_root(
 
         return _iterate(step, g, x, tol, max_iter)
 
-    return _custom_root_with_info(root_fn, x0, solve, _tangent(tangent_solver, x0), tol)
+    return _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
 
 
 def anderson_fixed_point(
@@ -381,10 +397,10 @@ def anderson_fixed_point(
     x0: PyTree,
     params: PyTree,
     *,
-    tol: float | jax.Array = 1e-6,
-    max_iter: int = 1000,
     memory: int = 5,
     regularization: float = 1e-10,
+    tol: float | jax.Array = 1e-6,
+    max_iter: int = 1000,
     tangent_solver: TangentSolver = "dense",
 ) -> tuple[PyTree, SolverInfo]:
     """The fixed point of :func:`fixed_point` by Anderson acceleration; same implicit derivative.
@@ -397,22 +413,17 @@ def anderson_fixed_point(
     is the same ``custom_root`` rule on ``F(x) = f(x, params) - x``.
     """
     _check_args("anderson_fixed_point", f, x0, params, tol, max_iter, tangent_solver)
-    if isinstance(memory, bool) or not isinstance(memory, int) or memory < 2:
+    if not _is_int(memory) or memory < 2:
         raise ValueError(
             f"anderson_fixed_point: memory must be an int >= 2, got {memory!r}"
         )
-    if (
-        isinstance(regularization, bool)
-        or not isinstance(regularization, (int, float))
-        or not regularization >= 0
-    ):
+    if not _is_real(regularization) or not regularization >= 0:
         raise ValueError(
             "anderson_fixed_point: regularization must be a float >= 0, "
             f"got {regularization!r}"
         )
 
-    def root_fn(x: PyTree) -> PyTree:
-        return jax.tree_util.tree_map(lambda a, b: a - b, f(x, params), x)
+    root_fn = _fixed_point_residual(f, params)
 
     def solve(g: Callable[[PyTree], PyTree], x: PyTree) -> tuple[PyTree, SolverInfo]:
         v0, unravel = ravel_pytree(x)
@@ -456,7 +467,7 @@ def anderson_fixed_point(
         )
         return unravel(xs[(k - 1) % m]), SolverInfo(k, res, res <= tol)
 
-    return _custom_root_with_info(root_fn, x0, solve, _tangent(tangent_solver, x0), tol)
+    return _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
 
 
 def unrolled_fixed_point(
@@ -464,9 +475,9 @@ def unrolled_fixed_point(
     x0: PyTree,
     params: PyTree,
     *,
+    tangent_solver: None = None,
     tol: float | jax.Array = 1e-6,
     max_iter: int = 1000,
-    tangent_solver: None = None,
 ) -> tuple[PyTree, SolverInfo]:
     """Same maths and signature as :func:`fixed_point`, differentiated through the iterations.
 
@@ -487,7 +498,7 @@ def unrolled_fixed_point(
     _check_args("unrolled_fixed_point", f, x0, params, tol, max_iter, "dense")
 
     def residual(x: PyTree) -> jax.Array:
-        return _tree_norm(jax.tree_util.tree_map(lambda a, b: a - b, f(x, params), x))
+        return _tree_norm(_fixed_point_residual(f, params)(x))
 
     if _static_zero(tol):
         x, _ = lax.scan(lambda x, _: (f(x, params), None), x0, None, length=max_iter)
@@ -558,20 +569,16 @@ def deq_params(
     to ``radius`` and plain iteration is slow.
     """
     for name, value in (("d", d), ("d_in", d_in)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not _is_int(value) or value < 1:
             raise TypeError(
                 f"deq_params: {name} must be a Python int >= 1 (a size), got {value!r}"
             )
-    if (
-        isinstance(radius, bool)
-        or not isinstance(radius, (int, float))
-        or not 0 < radius < 1
-    ):
+    if not _is_real(radius) or not 0 < radius < 1:
         raise ValueError(
             f"deq_params: radius must be a float in (0, 1) for a contraction, "
             f"got {radius!r}"
         )
-    if isinstance(input_scale, bool) or not isinstance(input_scale, (int, float)):
+    if not _is_real(input_scale):
         raise TypeError(f"deq_params: input_scale must be a float, got {input_scale!r}")
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"deq_params: dtype must be a floating dtype, got {dtype!r}")

@@ -140,6 +140,27 @@ def _P(*names):
     return PartitionSpec(*names)
 
 
+def _eager_grad(put_as=None, set_mesh: bool = False) -> str:
+    """grad of a shard_map of psum(sum(a**2)) over ("data",) on a default
+    jax.make_mesh mesh, called eagerly at arange(8): the argument optionally put on
+    the mesh with the spec ``put_as``, the call optionally inside
+    `with jax.set_mesh(mesh)`."""
+    import contextlib
+
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
+    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
+    x = jnp.arange(8.0)
+    if put_as is not None:
+        x = jax.device_put(x, NamedSharding(mesh, put_as))
+    with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():
+        return _short(jax.grad(f)(x))
+
+
 # ----------------------------------------------------------------------------- Chapter 1
 
 
@@ -294,11 +315,9 @@ def while_loop_reverse_mode() -> str:
 )
 def fori_loop_traced_bounds_grad() -> str:
     import jax
-    from jax import lax
 
-    def repeat_double(x, n):
-        return lax.fori_loop(0, n, lambda i, v: 2.0 * v, x)
-
+    double = lambda i, v: 2.0 * v
+    repeat_double = lambda x, n: jax.lax.fori_loop(0, n, double, x)
     return _short(jax.jit(jax.grad(repeat_double))(1.0, 3))
 
 
@@ -362,7 +381,7 @@ def ch2_direct_linearize_option() -> str:
     return f"present: on={grad_tracer(True)}, off={grad_tracer(False)}"
 
 
-def _seed001(cast: bool) -> str:
+def _seed001(cast_to: tuple[str, ...] = ()) -> str:
     import jax
     import jax.numpy as jnp
 
@@ -370,8 +389,8 @@ def _seed001(cast: bool) -> str:
         return jnp.mean(z**2)
 
     def pull_back(p, t):
-        if cast:
-            p = _cast_varying(p, ("data",))
+        if cast_to:
+            p = _cast_varying(p, cast_to)
         _, lin = jax.linearize(mean_square, p)
         return jax.linear_transpose(lin, p)(lin(t))[0]
 
@@ -386,7 +405,7 @@ def _seed001(cast: bool) -> str:
     "jax#28260: linearize at a closed-over primal, transpose, on a sharded tangent",
 )
 def seed001_linearize_transpose_no_cast() -> str:
-    return _seed001(cast=False)
+    return _seed001(cast_to=())
 
 
 @_probe(
@@ -395,7 +414,7 @@ def seed001_linearize_transpose_no_cast() -> str:
     "jax#28260 fixed by casting the primal to varying (pcast, or pvary where older)",
 )
 def seed001_linearize_transpose_with_cast() -> str:
-    return _seed001(cast=True)
+    return _seed001(cast_to=("data",))
 
 
 # ----------------------------------------------------------------------------- Chapter 3
@@ -520,13 +539,7 @@ def shard_map_explicit_mismatch() -> str:
     "eager grad of a shard_map on a default jax.make_mesh mesh, no jax.set_mesh",
 )
 def shard_map_eager_grad_no_set_mesh() -> str:
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-
-    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
-    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
-    return _short(jax.grad(f)(jnp.arange(8.0)))
+    return _eager_grad(put_as=None)
 
 
 @_probe(
@@ -535,16 +548,7 @@ def shard_map_eager_grad_no_set_mesh() -> str:
     "the same eager grad, argument put as P('data'), inside `with jax.set_mesh(mesh)`",
 )
 def shard_map_eager_grad_with_set_mesh() -> str:
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.sharding import NamedSharding
-
-    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
-    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
-    x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, _P("data")))
-    with jax.set_mesh(mesh):
-        return _short(jax.grad(f)(x))
+    return _eager_grad(put_as=_P("data"), set_mesh=True)
 
 
 @_probe(
@@ -553,15 +557,7 @@ def shard_map_eager_grad_with_set_mesh() -> str:
     "the same eager grad with the argument put on the mesh as P('data') first",
 )
 def shard_map_eager_grad_sharded_input() -> str:
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.sharding import NamedSharding
-
-    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
-    f = _shard_map(lambda a: lax.psum(jnp.sum(a**2), "data"), mesh, _P("data"), _P())
-    x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, _P("data")))
-    return _short(jax.grad(f)(x))
+    return _eager_grad(put_as=_P("data"))
 
 
 @_probe(
@@ -665,7 +661,7 @@ def all_gather_to_values() -> str:
 
     if "to" not in inspect.signature(lax.all_gather).parameters:
         return "no to= parameter"
-    parts = []
+    first_seen = {}
     for to in ("varying", "invarying", "invariant", "reduced"):
         seen = []
 
@@ -681,8 +677,8 @@ def all_gather_to_values() -> str:
                 seen.append("rejected")
             elif not seen:  # accepted, but not for this (Auto-mesh, varying) input
                 seen.append(f"accepted, then {type(e).__name__}")
-        parts.append(f"{to}: {seen[0]}")
-    return "; ".join(parts)
+        first_seen[to] = seen[0]
+    return "; ".join(f"{to}: {what}" for to, what in first_seen.items())
 
 
 @_probe(
@@ -749,7 +745,9 @@ FOLX_OLD = "0.2.26"
 FOLX_OLD_ENV = "BEYONDGRAD_DRIFT_FOLX_OLD"
 
 
-def _folx_seed(old: bool) -> str:
+def _folx_seed(old_folx_env: str | None = None) -> str:
+    """The folx#40 program with the installed folx, or with the old folx installed
+    apart at the path in the environment variable ``old_folx_env``."""
     import os
     import sys
 
@@ -757,11 +755,11 @@ def _folx_seed(old: bool) -> str:
     import jax.numpy as jnp
     from jax import lax
 
-    if old:
-        where = os.environ.get(FOLX_OLD_ENV, "")
+    if old_folx_env is not None:
+        where = os.environ.get(old_folx_env, "")
         if not where or not os.path.isdir(where):
             raise ModuleNotFoundError(
-                f"folx {FOLX_OLD} is not installed apart (set {FOLX_OLD_ENV})"
+                f"folx {FOLX_OLD} is not installed apart (set {old_folx_env})"
             )
         sys.path.insert(0, where)
     try:
@@ -800,7 +798,7 @@ def _folx_seed(old: bool) -> str:
     fast=False,
 )
 def seed000_folx_slogdet_grad() -> str:
-    return _folx_seed(old=False)
+    return _folx_seed()
 
 
 @_probe(
@@ -810,7 +808,7 @@ def seed000_folx_slogdet_grad() -> str:
     fast=False,
 )
 def seed000_folx_old_slogdet_grad() -> str:
-    return _folx_seed(old=True)
+    return _folx_seed(FOLX_OLD_ENV)
 
 
 @_probe(

@@ -34,6 +34,9 @@ __all__ = [
     "Feedback",
     "call_answer",
     "check_allclose",
+    "early_verdict",
+    "given_answer",
+    "mismatch_verdict",
     "failed",
     "is_stub",
     "require_callable",
@@ -117,7 +120,10 @@ def call_answer(fn: Any, *args: Any, what: str = "your function", **kwargs: Any)
         return _Failure(f"{what} raised NotImplementedError: {_trim(str(e))}")
     except Exception as e:  # the student's error is the feedback
         text = _trim(str(e))
-        return _Failure(f"{what} raised {type(e).__name__}" + (f": {text}" if text else " (no message)"))
+        return _Failure(
+            f"{what} raised {type(e).__name__}"
+            + (f": {text}" if text else " (no message)")
+        )
 
 
 def failed(value: Any) -> str | None:
@@ -137,11 +143,17 @@ def _describe_leaf(x: Any) -> str:
     return f"{arr.dtype}{list(arr.shape)}"
 
 
-def _nonfinite_mismatch(a: np.ndarray, r: np.ndarray) -> tuple[int, tuple[int, ...]] | None:
+def _nonfinite_mismatch(
+    a: np.ndarray, r: np.ndarray
+) -> tuple[int, tuple[int, ...]] | None:
     """(count, first index) of places where non-finite values differ, or None."""
     a_nan, r_nan = np.isnan(a), np.isnan(r)
     a_inf, r_inf = np.isinf(a), np.isinf(r)
-    bad = (a_nan != r_nan) | (a_inf != r_inf) | (a_inf & r_inf & (np.sign(a) != np.sign(r)))
+    bad = (
+        (a_nan != r_nan)
+        | (a_inf != r_inf)
+        | (a_inf & r_inf & (np.sign(a) != np.sign(r)))
+    )
     if not np.any(bad):
         return None
     first = np.unravel_index(int(np.argmax(bad)), bad.shape) if bad.ndim else ()
@@ -172,13 +184,20 @@ def tree_mismatches(
     r_leaves, r_def = jax.tree_util.tree_flatten(reference)
     if a_def != r_def:
         return [f"{name} has structure {a_def}, expected {r_def}"]
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(reference)[0]]
+    paths = [
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_flatten_with_path(reference)[0]
+    ]
     problems: list[str] = []
     for path, a, r in zip(paths, a_leaves, r_leaves):
         where = f"{name}{path}"
         a_np, r_np = np.asarray(a), np.asarray(r)
         scalar = isinstance(a, (bool, int, float, complex))
-        if scalar and not allow_python_scalars and not isinstance(r, (bool, int, float, complex)):
+        if (
+            scalar
+            and not allow_python_scalars
+            and not isinstance(r, (bool, int, float, complex))
+        ):
             problems.append(
                 f"{where} is {_describe_leaf(a)}, expected an array ({_describe_leaf(r)}): "
                 "return the JAX array itself (no float()/int()/.item())"
@@ -191,13 +210,21 @@ def tree_mismatches(
         r_inexact = np.issubdtype(r_np.dtype, np.inexact)
         if a_inexact != r_inexact:
             kind = "a floating" if r_inexact else "an integer/bool"
-            problems.append(f"{where} has dtype {a_np.dtype}, expected {kind} dtype like {r_np.dtype}")
+            problems.append(
+                f"{where} has dtype {a_np.dtype}, expected {kind} dtype like {r_np.dtype}"
+            )
             continue
         if not a_inexact:
             if not np.array_equal(a_np, r_np):
-                i = np.unravel_index(int(np.argmax(a_np != r_np)), a_np.shape) if a_np.ndim else ()
+                i = (
+                    np.unravel_index(int(np.argmax(a_np != r_np)), a_np.shape)
+                    if a_np.ndim
+                    else ()
+                )
                 idx = f" at index {tuple(int(k) for k in i)}" if a_np.ndim else ""
-                problems.append(f"{where} differs{idx}: got {a_np[i]}, expected {r_np[i]}")
+                problems.append(
+                    f"{where} differs{idx}: got {a_np[i]}, expected {r_np[i]}"
+                )
             continue
         nonfinite = _nonfinite_mismatch(a_np, r_np)
         if nonfinite is not None:
@@ -215,7 +242,11 @@ def tree_mismatches(
         err = np.abs(a64 - r64)
         tol = atol + rtol * np.abs(r64)
         if np.any(err > tol):
-            i = np.unravel_index(int(np.argmax(err - tol)), err.shape) if err.ndim else ()
+            i = (
+                np.unravel_index(int(np.argmax(err - tol)), err.shape)
+                if err.ndim
+                else ()
+            )
             idx = f" at index {tuple(int(k) for k in i)}" if err.ndim else ""
             scale = float(np.abs(r64[i]))
             rel = float(err[i]) / scale if scale > 0 else float("inf")
@@ -247,21 +278,80 @@ def verdict(
     return fb
 
 
+def early_verdict(
+    exercise: str, value: Any, *, strict: bool = False
+) -> Feedback | None:
+    """The verdict for a stub (not attempted) or a failed :func:`call_answer`, else None.
+
+    The first step of most checkers: ``fb = early_verdict(name, got, strict=strict)``,
+    then ``if fb is not None: return fb`` (a failing :class:`Feedback` is falsy).
+    """
+    if is_stub(value):
+        return verdict(exercise, [], attempted=False, strict=strict)
+    msg = failed(value)
+    if msg:
+        return verdict(exercise, [msg], strict=strict)
+    return None
+
+
+def given_answer(
+    exercise: str, answer: Any, *, what: str, strict: bool = False
+) -> tuple[Any, Feedback | None]:
+    """An answer given as a value or as a function returning it: ``(value, early)``.
+
+    A callable is called with no arguments (through :func:`call_answer`, named ``what``);
+    ``early`` is :func:`early_verdict` of the value (None when it is there to grade).
+    """
+    if callable(answer):
+        answer = call_answer(answer, what=what)
+    return answer, early_verdict(exercise, answer, strict=strict)
+
+
+def mismatch_verdict(
+    exercise: str,
+    answer: Any,
+    reference: Any,
+    *,
+    name: str,
+    allow_python_scalars: bool = True,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    strict: bool = False,
+) -> Feedback | None:
+    """The failing verdict for a stub, a failure or a mismatch with ``reference``, else None.
+
+    For a step that must pass before a checker goes on: :func:`early_verdict`, then
+    :func:`tree_mismatches` with the same ``name``, tolerances and scalar rule.
+    """
+    early = early_verdict(exercise, answer, strict=strict)
+    if early is not None:
+        return early
+    problems = tree_mismatches(
+        answer,
+        reference,
+        rtol=rtol,
+        atol=atol,
+        name=name,
+        allow_python_scalars=allow_python_scalars,
+    )
+    return verdict(exercise, problems, strict=strict) if problems else None
+
+
 def check_allclose(
     exercise: str,
     answer: Any,
     reference: Any,
     *,
+    success: str = "matches the reference",
     rtol: float = 1e-5,
     atol: float = 1e-6,
-    success: str = "matches the reference",
     strict: bool = False,
 ) -> Feedback:
     """Check a value (or the :class:`_Failure` of computing it) against a reference pytree."""
-    if is_stub(answer):
-        return verdict(exercise, [], attempted=False, strict=strict)
-    msg = failed(answer)
-    problems = [msg] if msg else tree_mismatches(answer, reference, rtol=rtol, atol=atol)
+    early = early_verdict(exercise, answer, strict=strict)
+    if early is not None:
+        return early
+    problems = tree_mismatches(answer, reference, rtol=rtol, atol=atol)
     return verdict(exercise, problems, success=success, strict=strict)
 
 

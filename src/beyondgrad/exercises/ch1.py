@@ -121,10 +121,9 @@ def check_fix_jit(
     x = jnp.linspace(-1.0, 2.0, 5)
     if _is_jitted(answer):
         traced = exercises.call_answer(answer.trace, x, 1, what="your jitted function")
-        if exercises.is_stub(traced):
-            return exercises.verdict(EX1, [], attempted=False, strict=strict)
-        if exercises.failed(traced):
-            return exercises.verdict(EX1, [exercises.failed(traced)], strict=strict)
+        early = exercises.early_verdict(EX1, traced, strict=strict)
+        if early is not None:
+            return early
         static_n = len(traced.jaxpr.in_avals) == 1
         inner = answer.__wrapped__
         how = "your jitted function"
@@ -132,20 +131,18 @@ def check_fix_jit(
         eager = exercises.call_answer(
             answer, x, 1, what="your function (called without jit)"
         )
-        if exercises.is_stub(eager):
-            return exercises.verdict(EX1, [], attempted=False, strict=strict)
-        if exercises.failed(eager):
-            return exercises.verdict(EX1, [exercises.failed(eager)], strict=strict)
-        problems = exercises.tree_mismatches(
+        wrong = exercises.mismatch_verdict(
+            EX1,
             eager,
             _sin_iterates(x, 1),
             rtol=FIX_JIT_RTOL,
             atol=FIX_JIT_ATOL,
             name="repeat_sin_fixed(x, 1)",
             allow_python_scalars=False,
+            strict=strict,
         )
-        if problems:
-            return exercises.verdict(EX1, problems, strict=strict)
+        if wrong is not None:
+            return wrong
         static_n, inner = False, answer
         how = "jax.jit(your function)"
     # A fresh wrapper function: jit's caches belong to the function object, so a new
@@ -253,12 +250,11 @@ def check_predict_retraces(
     with the call's signature.
     """
     calls = retrace_quiz()
-    if callable(answer):
-        answer = exercises.call_answer(answer, what="my_prediction()")
-        if exercises.is_stub(answer):
-            return exercises.verdict(EX2, [], attempted=False, strict=strict)
-        if exercises.failed(answer):
-            return exercises.verdict(EX2, [exercises.failed(answer)], strict=strict)
+    answer, early = exercises.given_answer(
+        EX2, answer, what="my_prediction()", strict=strict
+    )
+    if early is not None:
+        return early
     guesses, why = _as_booleans(answer, len(calls))
     if guesses is None:
         return exercises.verdict(EX2, [why], strict=strict)
@@ -329,21 +325,19 @@ def check_finite_grad(
     if msg:
         return exercises.verdict(EX3, [msg], strict=strict)
     one = exercises.call_answer(answer, jnp.float32(0.5), what="bump_safe(0.5)")
-    if exercises.is_stub(one):
-        return exercises.verdict(EX3, [], attempted=False, strict=strict)
-    if exercises.failed(one):
-        return exercises.verdict(EX3, [exercises.failed(one)], strict=strict)
-    ref_value, ref_slope = _bump_reference(BUMP_GRID)
-    problems = exercises.tree_mismatches(
+    wrong = exercises.mismatch_verdict(
+        EX3,
         one,
         np.float32(_bump_reference(np.float32(0.5))[0]),
-        rtol=BUMP_RTOL,
-        atol=BUMP_ATOL,
         name="bump_safe(0.5)",
         allow_python_scalars=False,
+        rtol=BUMP_RTOL,
+        atol=BUMP_ATOL,
+        strict=strict,
     )
-    if problems:
-        return exercises.verdict(EX3, problems, strict=strict)
+    if wrong is not None:
+        return wrong
+    ref_value, ref_slope = _bump_reference(BUMP_GRID)
     xs = jnp.asarray(BUMP_GRID)
     value = exercises.call_answer(jax.vmap(answer), xs, what="vmap(bump_safe)")
     if exercises.failed(value):

@@ -140,11 +140,9 @@ def check_transpose(
     for k, key in enumerate(keys):
         v = jax.random.normal(key, (EXERCISE_MAP_SIZE,), jnp.float32)
         got = ex.call_answer(answer, v, what="your transpose")
-        if ex.is_stub(got):
-            return ex.verdict(name, [], attempted=False, strict=strict)
-        msg = ex.failed(got)
-        if msg:
-            return ex.verdict(name, [msg], strict=strict)
+        early = ex.early_verdict(name, got, strict=strict)
+        if early is not None:
+            return early
         got = _unwrap(got)
         label = f"your_transpose(v{k})"
         problems = ex.tree_mismatches(
@@ -236,11 +234,9 @@ def check_rebuilt_jacrev(
             if ex.is_stub(got):
                 return ex.verdict(name, [], attempted=False, strict=strict)
             want = jax.jit(jax.jacrev(f))(params)
-        if ex.is_stub(got):
-            return ex.verdict(name, [], attempted=False, strict=strict)
-        msg = ex.failed(got)
-        if msg:
-            return ex.verdict(name, [msg], strict=strict)
+        early = ex.early_verdict(name, got, strict=strict)
+        if early is not None:
+            return early
         label = f"my_jacrev({f.__name__}, params)"
         found = ex.tree_mismatches(
             got,
@@ -297,13 +293,11 @@ def check_jacobian_strategy(prediction: Any, *, strict: bool = False) -> ex.Feed
     """
     name = "Exercise 2.3, the cheaper Jacobian"
     cases = strategy_cases()
-    if callable(prediction):
-        prediction = ex.call_answer(prediction, what="your prediction")
-        if ex.is_stub(prediction):
-            return ex.verdict(name, [], attempted=False, strict=strict)
-        msg = ex.failed(prediction)
-        if msg:
-            return ex.verdict(name, [msg], strict=strict)
+    prediction, early = ex.given_answer(
+        name, prediction, what="your prediction", strict=strict
+    )
+    if early is not None:
+        return early
     if isinstance(prediction, Sequence) and not isinstance(prediction, (str, bytes)):
         if len(prediction) != len(cases):
             problem = (

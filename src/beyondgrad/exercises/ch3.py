@@ -23,8 +23,8 @@ from beyondgrad import compat
 from beyondgrad.exercises import (
     Feedback,
     call_answer,
+    early_verdict,
     failed,
-    is_stub,
     require_callable,
     tree_mismatches,
     verdict,
@@ -101,10 +101,9 @@ def check_fixed_point_grad(
     with jax.enable_x64(True):
         thetas = jnp.array([-1.0, 0.0, 0.3, 2.0], jnp.float64)
         got = call_answer(jax.vmap(fn), thetas, what="your function (under vmap)")
-        if is_stub(got):
-            return verdict(_EX1, [], attempted=False, strict=strict)
-        if failed(got):
-            return verdict(_EX1, [failed(got)], strict=strict)
+        early = early_verdict(_EX1, got, strict=strict)
+        if early is not None:
+            return early
         want = _exercise1_reference(thetas)
         problems = tree_mismatches(got, want, rtol=tol, atol=tol, name="x*")
         if problems:
@@ -173,10 +172,9 @@ def check_sqrtm(
         out = call_answer(
             lambda: jax.jvp(fn, (a,), (da,)), what="jax.jvp of your function"
         )
-        if is_stub(out):
-            return verdict(_EX2, [], attempted=False, strict=strict)
-        if failed(out):
-            return verdict(_EX2, [failed(out)], strict=strict)
+        early = early_verdict(_EX2, out, strict=strict)
+        if early is not None:
+            return early
         method = _method_problem(fn, a, _EX2)
         if method:
             return verdict(_EX2, [method], strict=strict)
@@ -238,10 +236,9 @@ def check_tolerance_fix(
         for scale in (1.0, -2.0):
             b = scale * params["b"]
             got = call_answer(fn, b, what="your gradient function")
-            if is_stub(got):
-                return verdict(_EX3, [], attempted=False, strict=strict)
-            if failed(got):
-                return verdict(_EX3, [failed(got)], strict=strict)
+            early = early_verdict(_EX3, got, strict=strict)
+            if early is not None:
+                return early
             problems = tree_mismatches(
                 got,
                 reference(b),

@@ -74,6 +74,34 @@ def _mesh_words(mesh: Mesh) -> str:
     )
 
 
+def _run_mapped(
+    mapped: Callable[..., Any],
+    args: tuple[jax.Array, ...],
+    *,
+    what: str,
+    where: str,
+    mesh: Mesh,
+    want: jax.Array,
+    rtol: float,
+    name: str,
+) -> tuple[Any, str | None, list[str]]:
+    """Call the student's shard_mapped function on one mesh: ``(got, failure, bad)``.
+
+    ``failure`` is the message when the call raised (prefixed with ``where``, with the
+    mesh's axes), ``bad`` the :func:`exercises.tree_mismatches` of ``got`` vs ``want``.
+    """
+    got = exercises.call_answer(mapped, *args, what=what)
+    if exercises.is_stub(got):
+        return got, None, []
+    msg = exercises.failed(got)
+    if msg:
+        return got, f"{where}: {msg} ({_mesh_words(mesh)})", []
+    bad = exercises.tree_mismatches(
+        got, want, rtol=rtol, atol=1e-6, name=name, allow_python_scalars=False
+    )
+    return got, None, bad
+
+
 def _explained_vma() -> dict[str, frozenset[str]]:
     mesh = _mesh((4, 2))
     args = (
@@ -118,13 +146,11 @@ def check_predict_vma(answers: Any, *, strict: bool = False) -> exercises.Feedba
     lower-cased.
     """
     name = "Exercise 4.1 (predict the varying axes)"
-    if callable(answers):
-        answers = exercises.call_answer(answers, what="your predictions")
-    if exercises.is_stub(answers):
-        return exercises.verdict(name, [], attempted=False, strict=strict)
-    msg = exercises.failed(answers)
-    if msg:
-        return exercises.verdict(name, [msg], strict=strict)
+    answers, early = exercises.given_answer(
+        name, answers, what="your predictions", strict=strict
+    )
+    if early is not None:
+        return early
     if not isinstance(answers, Mapping):
         return exercises.verdict(
             name,
@@ -212,21 +238,21 @@ def check_sharded_step(
                     step, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec
                 )
             )
-            got = exercises.call_answer(mapped, w, X, y, what="your step")
+            got, failure, bad = _run_mapped(
+                mapped,
+                (w, X, y),
+                what="your step",
+                where=f"on {n} device(s)",
+                mesh=mesh,
+                want=want,
+                rtol=STEP_RTOL,
+                name="new w",
+            )
             if exercises.is_stub(got):
                 return exercises.verdict(name, [], attempted=False, strict=strict)
-            msg = exercises.failed(got)
-            if msg:
-                problems.append(f"on {n} device(s): {msg} ({_mesh_words(mesh)})")
+            if failure:
+                problems.append(failure)
                 break
-            bad = exercises.tree_mismatches(
-                got,
-                want,
-                rtol=STEP_RTOL,
-                atol=1e-6,
-                name="new w",
-                allow_python_scalars=False,
-            )
             if bad:
                 if np.shape(got) == np.shape(want) and np.all(np.isfinite(got)):
                     full, taken = (
@@ -286,23 +312,20 @@ def check_two_axis_carry(
             )
         )
         where = f"on the {shape[0]}x{shape[1]} mesh"
-        got = exercises.call_answer(mapped, x, what="your weighted_row_sums")
+        got, failure, bad = _run_mapped(
+            mapped,
+            (x,),
+            mesh=mesh,
+            want=want,
+            rtol=CARRY_RTOL,
+            name="row sums",
+            what="your weighted_row_sums",
+            where=where,
+        )
         if exercises.is_stub(got):
             return exercises.verdict(name, [], attempted=False, strict=strict)
-        msg = exercises.failed(got)
-        if msg:
-            problems.append(f"{where}: {msg} ({_mesh_words(mesh)})")
-            break
-        bad = exercises.tree_mismatches(
-            got,
-            want,
-            rtol=CARRY_RTOL,
-            atol=1e-6,
-            name="row sums",
-            allow_python_scalars=False,
-        )
-        if bad:
-            problems.append(f"{where}: {bad[0]}")
+        if failure or bad:
+            problems.append(failure or f"{where}: {bad[0]}")
             break
         report = sharding.explain_vma(weighted_row_sums, mesh, P("data", "model"), x)
         if not any(p in _LOOPS for p in report.primitives()):
