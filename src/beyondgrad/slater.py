@@ -850,6 +850,36 @@ def walker_keys(key: jax.Array, count: int, *, first: jax.Array | int = 0) -> ja
     return jax.vmap(lambda b: jax.random.fold_in(key, b))(first + jnp.arange(count))
 
 
+def _step(
+    get_log_psi: Callable[[], Callable],
+    method: str,
+    estimator: str,
+    omega: float,
+    count: int | None,
+    axis_name: str | None = None,
+    local: int = 0,
+) -> Callable:
+    """The per-batch step: on one device (``axis_name=None``) it sums over the batch;
+    inside ``shard_map`` it sums over all shards and numbers walkers globally.
+    ``count`` is the global number of walkers (``None``: the batch's own size, read
+    from each call's argument, so one compiled program serves every batch size)."""
+
+    def total(v: jax.Array) -> jax.Array:
+        return jnp.sum(v) if axis_name is None else jax.lax.psum(jnp.sum(v), axis_name)
+
+    def step(
+        params: Params, walkers: jax.Array, key: jax.Array | None
+    ) -> tuple[jax.Array, Params]:
+        first = 0 if axis_name is None else jax.lax.axis_index(axis_name) * local
+        n = walkers.shape[0] if count is None else count
+        return _batch_energy_and_grad(
+            get_log_psi(), params, walkers, method=method, estimator=estimator,
+            key=key, omega=omega, total=total, count=n, first=first,
+        )
+
+    return step
+
+
 def _batch_energy_and_grad(
     log_psi: Callable[[Params, jax.Array], jax.Array],
     params: Params,
@@ -927,21 +957,7 @@ def energy_and_grad(
     settings = ("one device", method, estimator, _check_omega(omega))
 
     def build(get_log_psi: Callable[[], Callable]) -> Callable:
-        def step(
-            params: Params, walkers: jax.Array, key: jax.Array | None
-        ) -> tuple[jax.Array, Params]:
-            return _batch_energy_and_grad(
-                get_log_psi(),
-                params,
-                walkers,
-                method=method,
-                estimator=estimator,
-                key=key,
-                omega=settings[3],
-                total=jnp.sum,
-                count=walkers.shape[0],
-            )
-
+        step = _step(get_log_psi, method, estimator, settings[3], count=None)
         return jax.jit(step)
 
     return _PROGRAMS.get(log_psi, settings, build)(params, walkers, key)
@@ -1005,22 +1021,9 @@ def sharded_energy_and_grad(
     local = walkers.shape[0] // size
 
     def build(get_log_psi: Callable[[], Callable]) -> Callable:
-        def step(
-            params: Params, walkers: jax.Array, key: jax.Array | None
-        ) -> tuple[jax.Array, Params]:
-            return _batch_energy_and_grad(
-                get_log_psi(),
-                params,
-                walkers,
-                method=method,
-                estimator=estimator,
-                key=key,
-                omega=settings[5],
-                total=lambda v: jax.lax.psum(jnp.sum(v), axis_name),
-                count=settings[6],
-                first=jax.lax.axis_index(axis_name) * local,
-            )
-
+        step = _step(
+            get_log_psi, method, estimator, settings[5], settings[6], axis_name, local
+        )
         sharded = jax.shard_map(
             step,
             mesh=mesh,
