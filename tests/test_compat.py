@@ -10,17 +10,19 @@ from beyondgrad import compat, runtime
 
 @pytest.fixture(scope="module")
 def mesh():
-    return runtime.demo_mesh((2, 4), ("x", "y"))
+    return runtime.demo_mesh((2, 4), ("data", "model"))
 
 
-def run_in_shard_map(mesh, fn, x, in_spec=P("x", "y"), out_spec=P()):
+def run_in_shard_map(mesh, fn, x, in_spec=None, out_spec=None):
     """Run fn per shard and return what it recorded (shard_map output itself is unused)."""
     seen = {}
 
     def body(block):
         seen.update(fn(block))
-        return lax.psum(jnp.sum(block), ("x", "y"))
+        return lax.psum(jnp.sum(block), ("data", "model"))
 
+    in_spec = P("data", "model") if in_spec is None else in_spec
+    out_spec = P() if out_spec is None else out_spec
     jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec)(x)
     return seen
 
@@ -32,16 +34,16 @@ def test_varying_axes_follow_the_in_specs(mesh):
         return {
             "block": compat.varying_axes(b),
             "constant": compat.varying_axes(jnp.ones(3)),
-            "row_sum": compat.varying_axes(lax.psum(b, "y")),
+            "row_sum": compat.varying_axes(lax.psum(b, "model")),
             "mixed": compat.varying_axes(b + jnp.ones_like(b)),
         }
 
     seen = run_in_shard_map(mesh, probe, x)
     assert seen == {
-        "block": frozenset({"x", "y"}),
+        "block": frozenset({"data", "model"}),
         "constant": frozenset(),
-        "row_sum": frozenset({"x"}),
-        "mixed": frozenset({"x", "y"}),
+        "row_sum": frozenset({"data"}),
+        "mixed": frozenset({"data", "model"}),
     }
 
 
@@ -55,9 +57,9 @@ def test_pcast_varying_changes_type_not_value(mesh):
 
     def probe(b):
         c = jnp.arange(3.0)
-        tree = compat.pcast_varying({"a": c, "b": (c, c)}, "y")
-        both = compat.pcast_varying(c, ("x", "y"))
-        again = compat.pcast_varying(both, ("x", "y"))  # idempotent
+        tree = compat.pcast_varying({"a": c, "b": (c, c)}, "model")
+        both = compat.pcast_varying(c, ("data", "model"))
+        again = compat.pcast_varying(both, ("data", "model"))  # idempotent
         return {
             "tree": {compat.varying_axes(leaf) for leaf in jax.tree_util.tree_leaves(tree)},
             "both": compat.varying_axes(both),
@@ -66,8 +68,8 @@ def test_pcast_varying_changes_type_not_value(mesh):
         }
 
     seen = run_in_shard_map(mesh, probe, x)
-    assert seen["tree"] == {frozenset({"y"})}
-    assert seen["both"] == seen["again"] == frozenset({"x", "y"})
+    assert seen["tree"] == {frozenset({"model"})}
+    assert seen["both"] == seen["again"] == frozenset({"data", "model"})
     assert seen["none"] == frozenset()
 
 
@@ -77,11 +79,11 @@ def test_pcast_varying_transpose_is_psum(mesh):
 
     def per_shard_grad(block):
         def loss(w):
-            return jnp.sum(compat.pcast_varying(w, ("x", "y")) * block)
+            return jnp.sum(compat.pcast_varying(w, ("data", "model")) * block)
 
         return jax.grad(loss)(1.0)
 
-    g = jax.shard_map(per_shard_grad, mesh=mesh, in_specs=P("x", "y"), out_specs=P())(x)
+    g = jax.shard_map(per_shard_grad, mesh=mesh, in_specs=P("data", "model"), out_specs=P())(x)
     np.testing.assert_allclose(g, jnp.sum(x))
 
 
@@ -89,16 +91,81 @@ def test_pcast_varying_rejects_bad_axis_names():
     with pytest.raises(TypeError, match="axis_names"):
         compat.pcast_varying(jnp.ones(2), 3)
     with pytest.raises(TypeError, match="axis_names"):
-        compat.pcast_varying(jnp.ones(2), ("x", 1))
+        compat.pcast_varying(jnp.ones(2), ("data", 1))
 
 
 def test_make_mesh_states_axis_types():
     from jax.sharding import AxisType
 
     devices = jax.devices("cpu")[:4]
-    auto = compat.make_mesh((4,), ("d",), axis_types="auto", devices=devices)
-    explicit = compat.make_mesh((2, 2), ("a", "b"), axis_types="explicit", devices=devices)
+    auto = compat.make_mesh((4,), ("data",), axis_types="auto", devices=devices)
+    explicit = compat.make_mesh((2, 2), ("data", "model"), axis_types="explicit", devices=devices)
     assert auto.axis_types == (AxisType.Auto,)
     assert explicit.axis_types == (AxisType.Explicit, AxisType.Explicit)
     with pytest.raises(ValueError, match="'auto' or 'explicit'"):
-        compat.make_mesh((4,), ("d",), axis_types="Auto", devices=devices)
+        compat.make_mesh((4,), ("data",), axis_types="Auto", devices=devices)
+
+
+# --- each version branch, with fakes where the installed JAX has only one of them
+
+
+class _FakeManualAxisType:
+    def __init__(self, varying):
+        self.varying = varying
+
+
+class _NewAval:  # JAX >= 0.10: the varying axes live in manual_axis_type
+    manual_axis_type = _FakeManualAxisType(("data", "model"))
+
+
+class _OldAval:  # JAX 0.8.x / 0.9.x: the varying axes live in .vma
+    vma = frozenset({"data"})
+
+
+class _NoAxesAval:  # e.g. a token: neither field
+    pass
+
+
+@pytest.mark.parametrize(
+    "aval, expected",
+    [
+        (_NewAval(), frozenset({"data", "model"})),
+        (_OldAval(), frozenset({"data"})),
+        (_NoAxesAval(), frozenset()),
+    ],
+    ids=["manual_axis_type", "vma", "neither"],
+)
+def test_varying_axes_of_aval_reads_either_layout(aval, expected):
+    assert compat.varying_axes_of_aval(aval) == expected
+
+
+def test_the_installed_jax_uses_the_layout_the_docstring_names():
+    aval = jax.typeof(jnp.ones(2))
+    if compat.jax_version() >= (0, 10, 0):
+        assert hasattr(aval, "manual_axis_type")
+    else:
+        assert hasattr(aval, "vma")
+
+
+@pytest.mark.parametrize(
+    "info, expected",
+    [((0, 8, 2), (0, 8, 2)), ((0, 12, 0, 1), (0, 12, 0)), ((0, 13, 0, "rc1"), (0, 13, 0))],
+)
+def test_jax_version_uses_version_info_not_the_string(monkeypatch, info, expected):
+    monkeypatch.setattr(jax, "__version_info__", info)
+    monkeypatch.setattr(jax, "__version__", "0.13.0rc1.dev20261122")  # int() would fail on this
+    assert compat.jax_version() == expected
+
+
+def test_jit_cache_size_counts_traces_and_rejects_plain_functions():
+    f = jax.jit(lambda v: v + 1)
+    f(jnp.ones(2))
+    f(jnp.ones(3))
+    assert compat.jit_cache_size(f) == 2
+    with pytest.raises(TypeError, match="made by jax.jit"):
+        compat.jit_cache_size(lambda v: v)
+
+
+def test_backends_initialized_after_a_computation():
+    jnp.ones(1).block_until_ready()
+    assert compat.backends_initialized() is True
