@@ -48,24 +48,24 @@ def test_demo_mesh_shapes(shape, names):
 
 
 def test_demo_mesh_explicit_axes_and_use():
-    mesh = runtime.demo_mesh((2, 4), ("x", "y"), axis_types="explicit")
+    mesh = runtime.demo_mesh((2, 4), ("data", "model"), axis_types="explicit")
     assert all(t == AxisType.Explicit for t in mesh.axis_types)
-    x = jax.device_put(jnp.arange(16.0).reshape(2, 8), NamedSharding(mesh, P("x", "y")))
-    out = jax.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y"))(x)
+    x = jax.device_put(jnp.arange(16.0).reshape(2, 8), NamedSharding(mesh, P("data", "model")))
+    out = jax.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("data", "model"), out_specs=P("data", "model"))(x)
     assert jnp.array_equal(out, 2 * jnp.arange(16.0).reshape(2, 8))
 
 
 def test_demo_mesh_errors():
     with pytest.raises(ValueError, match="axis_names"):
-        runtime.demo_mesh((2, 4), ("x",))
+        runtime.demo_mesh((2, 4), ("data",))
     with pytest.raises(ValueError, match="distinct"):
-        runtime.demo_mesh((2, 2), ("x", "x"))
+        runtime.demo_mesh((2, 2), ("data", "data"))
     with pytest.raises(ValueError, match="positive"):
-        runtime.demo_mesh((0,), ("x",))
+        runtime.demo_mesh((0,), ("data",))
     with pytest.raises(RuntimeError, match="ensure_cpu_devices"):
         runtime.demo_mesh(10_000, "data")
     with pytest.raises(ValueError, match="axis_types"):
-        runtime.demo_mesh(2, "d", axis_types="manual")
+        runtime.demo_mesh(2, "data", axis_types="manual")
 
 
 def test_check_setup_passes_here():
