@@ -38,7 +38,7 @@ def test_ensure_cpu_devices_validates(bad, exc):
         runtime.ensure_cpu_devices(bad)
 
 
-@pytest.mark.parametrize("shape, names", [(8, "data"), ((2, 4), ("x", "y")), ((1,), ("d",))])
+@pytest.mark.parametrize("shape, names", [(8, "data"), ((2, 4), ("data", "model")), ((1,), ("data",))])
 def test_demo_mesh_shapes(shape, names):
     mesh = runtime.demo_mesh(shape, names)
     want = (shape,) if isinstance(shape, int) else shape
