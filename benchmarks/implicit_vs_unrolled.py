@@ -4,7 +4,7 @@
     python benchmarks/implicit_vs_unrolled.py --quick    # fewer counts, shorter timing
 
 Times follow beyondgrad.measure's policy (wall clock, warm-up, interleaved repeats).
-Prints median times (ms) and compiled temporary memory of the jitted gradient per
+Prints minimum times (ms) and compiled temporary memory of the jitted gradient per
 iteration count, the ratios the book's targets are about, then plain iteration vs
 Newton's method under the same custom_root, solved to a tolerance.
 """
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"JAX {jax.__version__} on {jax.devices()[0].device_kind}; DEQ layer d={ns.d}, "
         f"tangent solver {ns.tangent_solver!r}; "
-        "times are wall-clock medians (beyondgrad.measure) in ms"
+        "times are wall-clock minima over repeats (beyondgrad.measure) in ms"
     )
     rows = figs.benchmark_implicit_vs_unrolled(
         counts, ns.d, repeats, min_time, ns.tangent_solver
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  implicit value+grad minus forward (ms): {1e3 * (first.grad_implicit - first.fwd_implicit):.3f} at "
         f"{first.iterations}, {1e3 * (last.grad_implicit - last.fwd_implicit):.3f} at {last.iterations} iters "
-        "(difference of two medians; the pullback column measures the same cost directly)"
+        "(difference of two minima; the pullback column measures the same cost directly)"
     )
     for r in rows:
         if r.iterations >= 1000:

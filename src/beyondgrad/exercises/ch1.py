@@ -28,7 +28,12 @@ from beyondgrad.exercises import Feedback
 from beyondgrad.tracers import Call, CompilationCounter, call, count_traces
 
 __all__ = [
+    "BUMP_ATOL",
     "BUMP_GRID",
+    "BUMP_RTOL",
+    "FIX_JIT_ATOL",
+    "FIX_JIT_NS",
+    "FIX_JIT_RTOL",
     "bump",
     "check_finite_grad",
     "check_fix_jit",

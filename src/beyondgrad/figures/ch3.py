@@ -1,8 +1,8 @@
 """Figures, the widget's callback and the measured experiments of Chapter 3.
 
 Timing and memory come from :mod:`beyondgrad.measure` (one clock policy: wall time,
-warm-up, interleaved repeats; medians are reported); the maths is
-:mod:`beyondgrad.implicit`'s.
+warm-up, interleaved repeats; the minimum over repeats is reported, as in Chapters 1
+and 2); the maths is :mod:`beyondgrad.implicit`'s.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _tolerance_report(tol: float) -> ToleranceReport:
 
 
 class BenchmarkRow(NamedTuple):
-    """Implicit vs unrolled DEQ gradient at one iteration count (median seconds, bytes)."""
+    """Implicit vs unrolled DEQ gradient at one iteration count (min seconds, bytes)."""
 
     iterations: int
     fwd_implicit: (
@@ -209,7 +209,7 @@ def benchmark_implicit_vs_unrolled(
             repeats=repeats,
             min_time=min_time,
         )
-        times = [t.median for t in timings]
+        times = [t.min for t in timings]
         mems = measure.temp_bytes(grad_imp, w), measure.temp_bytes(grad_unr, w)
         rows.append(BenchmarkRow(n, *times, *mems))
     return rows
@@ -272,7 +272,7 @@ def compare_solvers(
     timings = measure.time_calls(calls, repeats=repeats, min_time=min_time)
     return [
         SolverComparison(
-            name, int(info.iterations), float(info.residual), t.median, np.asarray(g)
+            name, int(info.iterations), float(info.residual), t.min, np.asarray(g)
         )
         for (name, _, (g, info)), t in zip(runs, timings)
     ]
