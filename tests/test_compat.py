@@ -61,7 +61,9 @@ def test_pcast_varying_changes_type_not_value(mesh):
         both = compat.pcast_varying(c, ("data", "model"))
         again = compat.pcast_varying(both, ("data", "model"))  # idempotent
         return {
-            "tree": {compat.varying_axes(leaf) for leaf in jax.tree_util.tree_leaves(tree)},
+            "tree": {
+                compat.varying_axes(leaf) for leaf in jax.tree_util.tree_leaves(tree)
+            },
             "both": compat.varying_axes(both),
             "again": compat.varying_axes(again),
             "none": compat.varying_axes(compat.pcast_varying(c, ())),
@@ -83,7 +85,9 @@ def test_pcast_varying_transpose_is_psum(mesh):
 
         return jax.grad(loss)(1.0)
 
-    g = jax.shard_map(per_shard_grad, mesh=mesh, in_specs=P("data", "model"), out_specs=P())(x)
+    g = jax.shard_map(
+        per_shard_grad, mesh=mesh, in_specs=P("data", "model"), out_specs=P()
+    )(x)
     np.testing.assert_allclose(g, jnp.sum(x))
 
 
@@ -99,7 +103,9 @@ def test_make_mesh_states_axis_types():
 
     devices = jax.devices("cpu")[:4]
     auto = compat.make_mesh((4,), ("data",), axis_types="auto", devices=devices)
-    explicit = compat.make_mesh((2, 2), ("data", "model"), axis_types="explicit", devices=devices)
+    explicit = compat.make_mesh(
+        (2, 2), ("data", "model"), axis_types="explicit", devices=devices
+    )
     assert auto.axis_types == (AxisType.Auto,)
     assert explicit.axis_types == (AxisType.Explicit, AxisType.Explicit)
     with pytest.raises(ValueError, match="'auto' or 'explicit'"):
@@ -149,11 +155,17 @@ def test_the_installed_jax_uses_the_layout_the_docstring_names():
 
 @pytest.mark.parametrize(
     "info, expected",
-    [((0, 8, 2), (0, 8, 2)), ((0, 12, 0, 1), (0, 12, 0)), ((0, 13, 0, "rc1"), (0, 13, 0))],
+    [
+        ((0, 8, 2), (0, 8, 2)),
+        ((0, 12, 0, 1), (0, 12, 0)),
+        ((0, 13, 0, "rc1"), (0, 13, 0)),
+    ],
 )
 def test_jax_version_uses_version_info_not_the_string(monkeypatch, info, expected):
     monkeypatch.setattr(jax, "__version_info__", info)
-    monkeypatch.setattr(jax, "__version__", "0.13.0rc1.dev20261122")  # int() would fail on this
+    monkeypatch.setattr(
+        jax, "__version__", "0.13.0rc1.dev20261122"
+    )  # int() would fail on this
     assert compat.jax_version() == expected
 
 

@@ -24,7 +24,9 @@ def test_equal_trees_have_no_mismatch():
 )
 def test_non_finite_values_must_match_in_place_and_sign(answer, reference, expected):
     problems = ex.tree_mismatches(np.array(answer), np.array(reference))
-    assert len(problems) == 1 and expected.replace("answer[1]", "answer") in problems[0], problems
+    assert (
+        len(problems) == 1 and expected.replace("answer[1]", "answer") in problems[0]
+    ), problems
 
 
 def test_matching_non_finite_values_pass():
@@ -34,16 +36,22 @@ def test_matching_non_finite_values_pass():
 
 def test_each_kind_of_difference_has_its_message():
     ref = {"w": np.ones((2, 3)), "b": np.zeros(3)}
-    assert ex.tree_mismatches({"w": ref["w"]}, ref)[0].startswith("answer has structure")
+    assert ex.tree_mismatches({"w": ref["w"]}, ref)[0].startswith(
+        "answer has structure"
+    )
     assert ex.tree_mismatches({"w": np.ones((3, 2)), "b": ref["b"]}, ref) == [
         "answer['w'] has shape (3, 2), expected (2, 3)"
     ]
     dtype = ex.tree_mismatches({"w": np.ones((2, 3), int), "b": ref["b"]}, ref)
-    assert dtype == ["answer['w'] has dtype int64, expected a floating dtype like float64"]
+    assert dtype == [
+        "answer['w'] has dtype int64, expected a floating dtype like float64"
+    ]
     off = np.ones((2, 3))
     off[1, 2] = 1.5
     value = ex.tree_mismatches({"w": off, "b": ref["b"]}, ref, rtol=1e-3, atol=0)
-    assert value[0].startswith("answer['w'] differs from the reference at index (1, 2): got 1.5 (float64)")
+    assert value[0].startswith(
+        "answer['w'] differs from the reference at index (1, 2): got 1.5 (float64)"
+    )
     assert "relative error 5.00e-01" in value[0]
 
 
@@ -93,8 +101,13 @@ def test_call_answer_stub_errors_and_values():
     assert ex.failed(ex.call_answer(missing_rule, 1.0)) == (
         "your function raised NotImplementedError: Differentiation rule for 'schur' not implemented"
     )
-    assert "lax.pcast(x, 'data', to='varying')" in ex.failed(ex.call_answer(long_error, 1.0))
-    assert ex.failed(ex.call_answer(silent, 1.0)) == "your function raised AssertionError (no message)"
+    assert "lax.pcast(x, 'data', to='varying')" in ex.failed(
+        ex.call_answer(long_error, 1.0)
+    )
+    assert (
+        ex.failed(ex.call_answer(silent, 1.0))
+        == "your function raised AssertionError (no message)"
+    )
     assert ex.failed(ex.call_answer(jnp.ones(3))) == (
         "your function should be a function, but you passed a value (ArrayImpl of shape (3,)); "
         "pass the function itself, without calling it"
@@ -107,7 +120,12 @@ def test_long_messages_are_trimmed_not_cut_to_one_line():
         raise RuntimeError("\n".join(f"line {k}" for k in range(40)))
 
     msg = ex.failed(ex.call_answer(noisy, 0))
-    assert "line 1" in msg and "line 11" in msg and "line 12" not in msg and "28 more lines" in msg
+    assert (
+        "line 1" in msg
+        and "line 11" in msg
+        and "line 12" not in msg
+        and "28 more lines" in msg
+    )
 
 
 def test_strict_raises_for_wrong_and_for_unattempted():
@@ -123,5 +141,7 @@ def test_feedback_prints_marks():
     fb = ex.verdict("e1", ["shape is wrong", "and dtype"])
     assert str(fb) == "✗ e1: not yet\n  - shape is wrong\n  - and dtype"
     assert not fb
-    assert str(ex.verdict("e1", [], success="well done")) == "✓ e1: correct\n  - well done"
+    assert (
+        str(ex.verdict("e1", [], success="well done")) == "✓ e1: correct\n  - well done"
+    )
     assert str(ex.verdict("e1", [], attempted=False)) == f"… e1: {ex.NOT_ATTEMPTED}"

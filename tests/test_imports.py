@@ -8,13 +8,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(code: str, *, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _run(
+    code: str, *, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(ROOT / "src")
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def _submodules() -> list[str]:
@@ -47,7 +55,9 @@ def test_every_submodule_imports_without_starting_a_backend():
 def test_import_from_a_plain_checkout_reports_the_pyproject_floor():
     """No install metadata needed: the floor comes from pyproject.toml itself."""
     floor = None
-    for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+    for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]:
         if dep.replace(" ", "").startswith("jax>="):
             floor = dep.replace(" ", "").removeprefix("jax>=")
     assert floor is not None

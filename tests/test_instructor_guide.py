@@ -67,7 +67,9 @@ def _loose_tolerance_grad(b):
 
     def total(bb):
         p = {**params, "b": bb}
-        z, _ = implicit.fixed_point(implicit.deq_layer, jnp.zeros_like(bb), p, tol=1e-3, max_iter=1000)
+        z, _ = implicit.fixed_point(
+            implicit.deq_layer, jnp.zeros_like(bb), p, tol=1e-3, max_iter=1000
+        )
         return jnp.sum(z)
 
     return jax.grad(total)(b)
@@ -104,7 +106,10 @@ def _step_local_loss_through_gather(w_block, X, y):
 
 def _step_sign_error(w_block, X, y):
     return w_block + 0.1 * jax.grad(
-        lambda v: lax.pmean(_ch4_mse(lax.all_gather(v, "data", tiled=True), X, y), "data"))(w_block)
+        lambda v: lax.pmean(
+            _ch4_mse(lax.all_gather(v, "data", tiled=True), X, y), "data"
+        )
+    )(w_block)
 
 
 def _step_axis_i(w_block, X, y):
@@ -132,7 +137,9 @@ def _row_second_derivative_wrong_sign(a, i, u):
     return (u @ jnp.linalg.solve(a, jnp.eye(a.shape[0], dtype=a.dtype)[:, i])) ** 2
 
 
-def _sharded_kinetic(params, walkers, *, cast_basis=True, varying_init=True, pmean_grad=False):
+def _sharded_kinetic(
+    params, walkers, *, cast_basis=True, varying_init=True, pmean_grad=False
+):
     from beyondgrad import slater
 
     def kinetic(p, x):
@@ -149,7 +156,9 @@ def _sharded_kinetic(params, walkers, *, cast_basis=True, varying_init=True, pme
     if pmean_grad:  # the local mean's gradient, then a pmean
         e, g = jax.value_and_grad(lambda p: jnp.mean(energies(p)))(params)
         return lax.pmean(e, "data"), jax.tree.map(lambda t: lax.pmean(t, "data"), g)
-    return jax.value_and_grad(lambda p: lax.psum(jnp.sum(energies(p)), "data") / 16)(params)
+    return jax.value_and_grad(lambda p: lax.psum(jnp.sum(energies(p)), "data") / 16)(
+        params
+    )
 
 
 def _one_iteration_short(x, n):  # Chapter 1, exercise 1.1
@@ -158,7 +167,9 @@ def _one_iteration_short(x, n):  # Chapter 1, exercise 1.1
     return x
 
 
-def _bump_threshold_03(x):  # Chapter 1, exercise 1.3: the threshold is not the function's own
+def _bump_threshold_03(
+    x,
+):  # Chapter 1, exercise 1.3: the threshold is not the function's own
     return jnp.where(x > 0.3, jnp.exp(-1.0 / jnp.where(x > 0.3, x, 1.0)), 0.0)
 
 
@@ -173,103 +184,237 @@ class Mistake:
 
 
 MISTAKES = [
-    Mistake("stub", lambda: ex1.check_fix_jit(_stub),
-            "not attempted yet: replace `raise NotImplementedError` with your code"),
-    Mistake("ch1-jit-without-static", lambda: ex1.check_fix_jit(jax.jit(ex1.repeat_sin)),
-            "your jitted function raised TracerIntegerConversionError: The __index__() method was called "
-            "on traced array with shape int32[]"),
-    Mistake("ch1-python-loop", lambda: ex1.check_fix_jit(ex1.repeat_sin),
-            "n=0: jax.jit(your function) raised"),
-    Mistake("ch1-one-iteration-short",
-            lambda: ex1.check_fix_jit(jax.jit(_one_iteration_short, static_argnums=1)),
-            "result for n=1 differs from the reference"),
-    Mistake("ch1-retrace-all-true", lambda: ex1.check_predict_retraces([True] * 9),
-            "call 5 (np.ndarray float32[3], n=2): you said retrace, jit reused a cached trace"),
-    Mistake("ch1-retrace-0d",
-            lambda: ex1.check_predict_retraces([True, False, True, True, True, False, False, True, False]),
-            "call 6 (jax.Array float32[], n=2): you said cached, jit traced it again"),
-    Mistake("ch1-inner-where-only",
-            lambda: ex1.check_finite_grad(lambda x: jnp.exp(-1.0 / jnp.where(x > 0, x, 1.0))),
-            "value on the grid differs from the reference at index (0,): got 0.36787945 (float32), "
-            "expected 0 (float64)"),
-    Mistake("ch1-one-where", lambda: ex1.check_finite_grad(ex1.bump),
-            "gradient on the grid has 2 entries whose nan/inf does not match the reference "
-            "(first at index (52,): got nan, expected 0.0) [x = -0.01]"),
-    Mistake("ch1-threshold-0.3", lambda: ex1.check_finite_grad(_bump_threshold_03),
-            "got 0 (float32), expected 0.0356739981 (float64); relative error 1.00e+00, "
-            "allowed 1e-30 + 1e-05*|expected| [x = 0.3]"),
-    Mistake("ch1-python-if", lambda: ex1.check_finite_grad(lambda x: jnp.exp(-1.0 / x) if x > 0 else 0.0),
-            "vmap(bump_safe) raised TracerBoolConversionError"),
-    Mistake("ch2-forgot-s", lambda: ex2.check_transpose(
-                lambda v: {"x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, -1), "s": jnp.zeros(())}),
-            "your_transpose(v0)['s'] differs from the reference: got 0 (float32), expected"),
-    Mistake("ch2-cumsum-not-reversed", lambda: ex2.check_transpose(
-                lambda v: {"x": jnp.cumsum(v) - jnp.roll(v, -1), "s": jnp.vdot(_WEIGHTS, v)}),
-            "your_transpose(v0)['x'] differs from the reference at index ("),
-    Mistake("ch2-x-part-hint", lambda: ex2.check_transpose(
-                lambda v: {"x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, 1), "s": jnp.vdot(_WEIGHTS, v)}),
-            "the 'x' part is wrong: transpose cumsum and roll(x, 1) one at a time and check each "
-            "with linear.dot_product_test"),
-    Mistake("ch2-jax-transpose", lambda: ex2.check_transpose(
-                lambda v: jax.linear_transpose(ex2.exercise_linear_map, ex2.exercise_map_input())(v)),
-            "your transpose raised ValueError: Pure callbacks do not support transpose."),
-    Mistake("ch2-grad-of-dict", lambda: ex2.check_rebuilt_jacrev(lambda f, p: jax.grad(f)(p)),
-            "your function raised TypeError: Gradient only defined for scalar-output functions"),
-    Mistake("ch2-per-example-jacfwd", lambda: ex2.check_jacobian_strategy(
-                {"mlp_loss": "jacrev", "decoder": "jacfwd", "per_example_losses": "jacfwd",
-                 "ode_trajectory": "jacfwd"}),
-            "per_example_losses: you said jacfwd, but the input has 650 numbers and the output 128: "
-            "jacfwd runs 650 JVPs, jacrev 128 VJPs (jacfwd needs 5x more passes)"),
-    Mistake("ch2-strategy-string", lambda: ex2.check_jacobian_strategy("jacrev"),
-            "answer with a dict {case: 'jacfwd' or 'jacrev'} for the cases"),
-    Mistake("ch3-while-loop", lambda: ch3_checks.check_fixed_point_grad(_while_loop_solve),
-            "jax.grad of your function raised ValueError: Reverse-mode differentiation does not work for "
-            "lax.while_loop or lax.fori_loop with dynamic start/stop values"),
-    Mistake("ch3-scan", lambda: ch3_checks.check_fixed_point_grad(_scan_fixed_point),
-            "your function does not call lax.custom_root; its jaxpr has scan but no custom_root"),
-    Mistake("ch3-value-not-function",
-            lambda: ch3_checks.check_fixed_point_grad(_five_iterations(jnp.asarray(0.3))),
-            "my_fixed_point should be a function, but you passed a value (ArrayImpl of shape ()); "
-            "pass the function itself, without calling it"),
-    Mistake("ch3-scipy-sqrtm", lambda: ch3_checks.check_sqrtm(jax.scipy.linalg.sqrtm),
-            "jax.jvp of your function raised NotImplementedError: Differentiation rule for 'schur' not implemented"),
-    Mistake("ch3-eigh", lambda: ch3_checks.check_sqrtm(_eigh_sqrtm), "its jaxpr has eigh but no custom_root"),
-    Mistake("ch3-negative-root", lambda: ch3_checks.check_sqrtm(_negative_sqrtm),
-            "you found -X, the negative square root"),
-    Mistake("ch3-loose-tolerance", _loose_tolerance_check,
-            "gradient at b = 1 × b0 differs from the reference at index ("),
-    Mistake("ch4-list", lambda: ch4.check_predict_vma([1, 2]),
-            "answers must be a dict {expression: set of axes}, got list"),
-    Mistake("ch4-all-invariant", lambda: ch4.check_predict_vma({e: set() for e in ch4.VMA_EXPRESSIONS}),
-            "a + b: you predicted {}, the explainer says {data,model}"),
-    Mistake("ch4-all-gather-invariant", lambda: ch4.check_predict_vma({e: set() for e in ch4.VMA_EXPRESSIONS}),
-            "all_gather(a, 'data') + w: you predicted {}, the explainer says {data}"),
-    Mistake("ch4-local-loss", lambda: ch4.check_sharded_step(_step_local_loss_through_gather),
-            "on 2 device(s): your update is +2 x the single-device update"),
-    Mistake("ch4-sign", lambda: ch4.check_sharded_step(_step_sign_error),
-            "on 1 device(s): your update is -1 x the single-device update"),
-    Mistake("ch4-axis-i", lambda: ch4.check_sharded_step(_step_axis_i),
-            "the checker's mesh has axes 'data' of size 1; every collective must name one of them"),
-    Mistake("ch5-no-cross-term", lambda: ex5.check_fl_multiply(_fl_multiply_no_cross),
-            "your Laplacian is u*lv + v*lu: it misses the cross term 2 (grad u . grad v), summed over the d inputs"),
-    Mistake("ch5-sign", lambda: ex5.check_row_update_second_derivative(_row_second_derivative_wrong_sign),
-            "the sign is flipped: along a rank-one update of one row, log|det| is concave"),
-    Mistake("ch5-uncast-eye", lambda: ex5.check_sharded_kinetic_step(
-                functools.partial(_sharded_kinetic, cast_basis=False)),
-            "your step inside shard_map raised ValueError: linearized function called on tangent values "
-            "inconsistent with the original primal values"),
-    Mistake("ch5-invariant-init", lambda: ex5.check_sharded_kinetic_step(
-                functools.partial(_sharded_kinetic, varying_init=False)),
-            "your step inside shard_map raised TypeError: scan body function carry input and carry output "
-            "must have equal types, but they differ"),
-    Mistake("ch5-pmean-of-grad", lambda: ex5.check_sharded_kinetic_step(
-                functools.partial(_sharded_kinetic, pmean_grad=True)),
-            "your gradient is +8 x the single-device gradient (8 devices): the device-count bug"),
-    Mistake("ch4-invariant-carry", lambda: ch4.check_two_axis_carry(_invariant_carry),
-            "your weighted_row_sums raised TypeError: scan body function carry input and carry output must have "
-            "equal types, but they differ"),
-    Mistake("ch4-carry-like-block", lambda: ch4.check_two_axis_carry(_carry_like_block),
-            "your weighted_row_sums raised ValueError"),
+    Mistake(
+        "stub",
+        lambda: ex1.check_fix_jit(_stub),
+        "not attempted yet: replace `raise NotImplementedError` with your code",
+    ),
+    Mistake(
+        "ch1-jit-without-static",
+        lambda: ex1.check_fix_jit(jax.jit(ex1.repeat_sin)),
+        "your jitted function raised TracerIntegerConversionError: The __index__() method was called "
+        "on traced array with shape int32[]",
+    ),
+    Mistake(
+        "ch1-python-loop",
+        lambda: ex1.check_fix_jit(ex1.repeat_sin),
+        "n=0: jax.jit(your function) raised",
+    ),
+    Mistake(
+        "ch1-one-iteration-short",
+        lambda: ex1.check_fix_jit(jax.jit(_one_iteration_short, static_argnums=1)),
+        "result for n=1 differs from the reference",
+    ),
+    Mistake(
+        "ch1-retrace-all-true",
+        lambda: ex1.check_predict_retraces([True] * 9),
+        "call 5 (np.ndarray float32[3], n=2): you said retrace, jit reused a cached trace",
+    ),
+    Mistake(
+        "ch1-retrace-0d",
+        lambda: ex1.check_predict_retraces(
+            [True, False, True, True, True, False, False, True, False]
+        ),
+        "call 6 (jax.Array float32[], n=2): you said cached, jit traced it again",
+    ),
+    Mistake(
+        "ch1-inner-where-only",
+        lambda: ex1.check_finite_grad(
+            lambda x: jnp.exp(-1.0 / jnp.where(x > 0, x, 1.0))
+        ),
+        "value on the grid differs from the reference at index (0,): got 0.36787945 (float32), "
+        "expected 0 (float64)",
+    ),
+    Mistake(
+        "ch1-one-where",
+        lambda: ex1.check_finite_grad(ex1.bump),
+        "gradient on the grid has 2 entries whose nan/inf does not match the reference "
+        "(first at index (52,): got nan, expected 0.0) [x = -0.01]",
+    ),
+    Mistake(
+        "ch1-threshold-0.3",
+        lambda: ex1.check_finite_grad(_bump_threshold_03),
+        "got 0 (float32), expected 0.0356739981 (float64); relative error 1.00e+00, "
+        "allowed 1e-30 + 1e-05*|expected| [x = 0.3]",
+    ),
+    Mistake(
+        "ch1-python-if",
+        lambda: ex1.check_finite_grad(lambda x: jnp.exp(-1.0 / x) if x > 0 else 0.0),
+        "vmap(bump_safe) raised TracerBoolConversionError",
+    ),
+    Mistake(
+        "ch2-forgot-s",
+        lambda: ex2.check_transpose(
+            lambda v: {
+                "x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, -1),
+                "s": jnp.zeros(()),
+            }
+        ),
+        "your_transpose(v0)['s'] differs from the reference: got 0 (float32), expected",
+    ),
+    Mistake(
+        "ch2-cumsum-not-reversed",
+        lambda: ex2.check_transpose(
+            lambda v: {"x": jnp.cumsum(v) - jnp.roll(v, -1), "s": jnp.vdot(_WEIGHTS, v)}
+        ),
+        "your_transpose(v0)['x'] differs from the reference at index (",
+    ),
+    Mistake(
+        "ch2-x-part-hint",
+        lambda: ex2.check_transpose(
+            lambda v: {
+                "x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, 1),
+                "s": jnp.vdot(_WEIGHTS, v),
+            }
+        ),
+        "the 'x' part is wrong: transpose cumsum and roll(x, 1) one at a time and check each "
+        "with linear.dot_product_test",
+    ),
+    Mistake(
+        "ch2-jax-transpose",
+        lambda: ex2.check_transpose(
+            lambda v: jax.linear_transpose(
+                ex2.exercise_linear_map, ex2.exercise_map_input()
+            )(v)
+        ),
+        "your transpose raised ValueError: Pure callbacks do not support transpose.",
+    ),
+    Mistake(
+        "ch2-grad-of-dict",
+        lambda: ex2.check_rebuilt_jacrev(lambda f, p: jax.grad(f)(p)),
+        "your function raised TypeError: Gradient only defined for scalar-output functions",
+    ),
+    Mistake(
+        "ch2-per-example-jacfwd",
+        lambda: ex2.check_jacobian_strategy(
+            {
+                "mlp_loss": "jacrev",
+                "decoder": "jacfwd",
+                "per_example_losses": "jacfwd",
+                "ode_trajectory": "jacfwd",
+            }
+        ),
+        "per_example_losses: you said jacfwd, but the input has 650 numbers and the output 128: "
+        "jacfwd runs 650 JVPs, jacrev 128 VJPs (jacfwd needs 5x more passes)",
+    ),
+    Mistake(
+        "ch2-strategy-string",
+        lambda: ex2.check_jacobian_strategy("jacrev"),
+        "answer with a dict {case: 'jacfwd' or 'jacrev'} for the cases",
+    ),
+    Mistake(
+        "ch3-while-loop",
+        lambda: ch3_checks.check_fixed_point_grad(_while_loop_solve),
+        "jax.grad of your function raised ValueError: Reverse-mode differentiation does not work for "
+        "lax.while_loop or lax.fori_loop with dynamic start/stop values",
+    ),
+    Mistake(
+        "ch3-scan",
+        lambda: ch3_checks.check_fixed_point_grad(_scan_fixed_point),
+        "your function does not call lax.custom_root; its jaxpr has scan but no custom_root",
+    ),
+    Mistake(
+        "ch3-value-not-function",
+        lambda: ch3_checks.check_fixed_point_grad(_five_iterations(jnp.asarray(0.3))),
+        "my_fixed_point should be a function, but you passed a value (ArrayImpl of shape ()); "
+        "pass the function itself, without calling it",
+    ),
+    Mistake(
+        "ch3-scipy-sqrtm",
+        lambda: ch3_checks.check_sqrtm(jax.scipy.linalg.sqrtm),
+        "jax.jvp of your function raised NotImplementedError: Differentiation rule for 'schur' not implemented",
+    ),
+    Mistake(
+        "ch3-eigh",
+        lambda: ch3_checks.check_sqrtm(_eigh_sqrtm),
+        "its jaxpr has eigh but no custom_root",
+    ),
+    Mistake(
+        "ch3-negative-root",
+        lambda: ch3_checks.check_sqrtm(_negative_sqrtm),
+        "you found -X, the negative square root",
+    ),
+    Mistake(
+        "ch3-loose-tolerance",
+        _loose_tolerance_check,
+        "gradient at b = 1 × b0 differs from the reference at index (",
+    ),
+    Mistake(
+        "ch4-list",
+        lambda: ch4.check_predict_vma([1, 2]),
+        "answers must be a dict {expression: set of axes}, got list",
+    ),
+    Mistake(
+        "ch4-all-invariant",
+        lambda: ch4.check_predict_vma({e: set() for e in ch4.VMA_EXPRESSIONS}),
+        "a + b: you predicted {}, the explainer says {data,model}",
+    ),
+    Mistake(
+        "ch4-all-gather-invariant",
+        lambda: ch4.check_predict_vma({e: set() for e in ch4.VMA_EXPRESSIONS}),
+        "all_gather(a, 'data') + w: you predicted {}, the explainer says {data}",
+    ),
+    Mistake(
+        "ch4-local-loss",
+        lambda: ch4.check_sharded_step(_step_local_loss_through_gather),
+        "on 2 device(s): your update is +2 x the single-device update",
+    ),
+    Mistake(
+        "ch4-sign",
+        lambda: ch4.check_sharded_step(_step_sign_error),
+        "on 1 device(s): your update is -1 x the single-device update",
+    ),
+    Mistake(
+        "ch4-axis-i",
+        lambda: ch4.check_sharded_step(_step_axis_i),
+        "the checker's mesh has axes 'data' of size 1; every collective must name one of them",
+    ),
+    Mistake(
+        "ch5-no-cross-term",
+        lambda: ex5.check_fl_multiply(_fl_multiply_no_cross),
+        "your Laplacian is u*lv + v*lu: it misses the cross term 2 (grad u . grad v), summed over the d inputs",
+    ),
+    Mistake(
+        "ch5-sign",
+        lambda: ex5.check_row_update_second_derivative(
+            _row_second_derivative_wrong_sign
+        ),
+        "the sign is flipped: along a rank-one update of one row, log|det| is concave",
+    ),
+    Mistake(
+        "ch5-uncast-eye",
+        lambda: ex5.check_sharded_kinetic_step(
+            functools.partial(_sharded_kinetic, cast_basis=False)
+        ),
+        "your step inside shard_map raised ValueError: linearized function called on tangent values "
+        "inconsistent with the original primal values",
+    ),
+    Mistake(
+        "ch5-invariant-init",
+        lambda: ex5.check_sharded_kinetic_step(
+            functools.partial(_sharded_kinetic, varying_init=False)
+        ),
+        "your step inside shard_map raised TypeError: scan body function carry input and carry output "
+        "must have equal types, but they differ",
+    ),
+    Mistake(
+        "ch5-pmean-of-grad",
+        lambda: ex5.check_sharded_kinetic_step(
+            functools.partial(_sharded_kinetic, pmean_grad=True)
+        ),
+        "your gradient is +8 x the single-device gradient (8 devices): the device-count bug",
+    ),
+    Mistake(
+        "ch4-invariant-carry",
+        lambda: ch4.check_two_axis_carry(_invariant_carry),
+        "your weighted_row_sums raised TypeError: scan body function carry input and carry output must have "
+        "equal types, but they differ",
+    ),
+    Mistake(
+        "ch4-carry-like-block",
+        lambda: ch4.check_two_axis_carry(_carry_like_block),
+        "your weighted_row_sums raised ValueError",
+    ),
 ]
 
 
@@ -290,9 +435,15 @@ def test_guide_quotes_what_the_checker_prints(mistake):
     feedback = mistake.check()
     printed = normalized(str(feedback))
     quote = comparable(mistake.quote)
-    assert not feedback, f"the checker accepted the mistaken answer of {mistake.name!r}: {feedback}"
-    assert quote in printed, f"the checker no longer prints {quote!r}; it prints:\n{feedback}"
-    assert mistake.quote in guide_text(), f"instructor_guide.md does not quote {mistake.quote!r}, which the checker prints"
+    assert not feedback, (
+        f"the checker accepted the mistaken answer of {mistake.name!r}: {feedback}"
+    )
+    assert quote in printed, (
+        f"the checker no longer prints {quote!r}; it prints:\n{feedback}"
+    )
+    assert mistake.quote in guide_text(), (
+        f"instructor_guide.md does not quote {mistake.quote!r}, which the checker prints"
+    )
 
 
 def test_guide_quotes_the_setup_check_fix():
@@ -302,7 +453,9 @@ def test_guide_quotes_the_setup_check_fix():
     have = len(jax.devices("cpu"))
     lines = normalized("\n".join(str(c) for c in runtime.check_setup(have + 1)))
     fix = "restart the kernel and call beyondgrad.runtime.ensure_cpu_devices({n}) before any JAX computation"
-    assert fix.format(n=have + 1) in lines, f"check_setup no longer prints {fix!r}:\n{lines}"
+    assert fix.format(n=have + 1) in lines, (
+        f"check_setup no longer prints {fix!r}:\n{lines}"
+    )
     assert fix.format(n=runtime.BOOK_DEVICE_COUNT) in guide_text()
 
 
@@ -314,30 +467,45 @@ def test_every_checker_the_guide_names_exists_and_its_chapter_uses_it():
     assert stems, "no chapters"
     for stem in stems:
         n = int(stem[:2])
-        section = re.search(rf"^### Chapter {n}\b.*?(?=^### |^## |\Z)", text, re.M | re.S)
+        section = re.search(
+            rf"^### Chapter {n}\b.*?(?=^### |^## |\Z)", text, re.M | re.S
+        )
         assert section, f"the guide has no Chapter {n} section"
         named = set(re.findall(r"`[\w.]*\.(check_\w+)`", section.group(0)))
         module = importlib.import_module(f"beyondgrad.exercises.ch{n}")
         exported = {name for name in module.__all__ if name.startswith("check_")}
-        assert named == exported, f"Chapter {n}: guide names {sorted(named)}, module has {sorted(exported)}"
+        assert named == exported, (
+            f"Chapter {n}: guide names {sorted(named)}, module has {sorted(exported)}"
+        )
         chapter = (book.CHAPTERS / f"{stem}.md").read_text()
         for func in named:
-            assert re.search(rf"\b\w+\.{func}\(", chapter), f"{stem}.md does not call {func}"
+            assert re.search(rf"\b\w+\.{func}\(", chapter), (
+                f"{stem}.md does not call {func}"
+            )
 
 
 def test_chapter1_checkers_the_guide_names_exist_and_the_chapter_calls_them():
     """Chapter 1's checkers live in beyondgrad.exercises.ch1, imported as ``ex1``."""
     text = GUIDE.read_text()
-    section = re.search(r"^### Chapter 1\b.*?(?=^### )", text, re.MULTILINE | re.DOTALL).group(0)
+    section = re.search(
+        r"^### Chapter 1\b.*?(?=^### )", text, re.MULTILINE | re.DOTALL
+    ).group(0)
     named = sorted(set(re.findall(r"`ex1\.(check_\w+)`", section)))
     assert named == ["check_finite_grad", "check_fix_jit", "check_predict_retraces"]
     chapter = (book.CHAPTERS / "01_tracers.md").read_text()
     for func in named:
         assert callable(getattr(ex1, func))
-        assert re.search(rf"\bex1\.{func}\(", chapter), f"01_tracers.md does not call ex1.{func}"
-    assert "(5 min)" in section and section.count("(10 min") == 2  # the statements' durations
-    for minutes, title in [(5, "1.1: fix a `jit` failure"), (10, "1.2: predict the retraces"),
-                           (10, "1.3: a `where` with finite gradients")]:
+        assert re.search(rf"\bex1\.{func}\(", chapter), (
+            f"01_tracers.md does not call ex1.{func}"
+        )
+    assert (
+        "(5 min)" in section and section.count("(10 min") == 2
+    )  # the statements' durations
+    for minutes, title in [
+        (5, "1.1: fix a `jit` failure"),
+        (10, "1.2: predict the retraces"),
+        (10, "1.3: a `where` with finite gradients"),
+    ]:
         assert f"### Exercise {title} ({minutes} minutes)" in chapter
 
 
@@ -347,8 +515,12 @@ def test_every_chapter4_checker_the_guide_names_exists_and_chapter4_calls_it():
     assert len(named) == 3, named
     text = (book.CHAPTERS / "04_shard_map_vma.md").read_text()
     for func in named:
-        assert callable(getattr(ch4, func, None)), f"the guide names ch4.{func}, which does not exist"
-        assert re.search(rf"\bch4\.{func}\(", text), f"Chapter 4 does not call ch4.{func}"
+        assert callable(getattr(ch4, func, None)), (
+            f"the guide names ch4.{func}, which does not exist"
+        )
+        assert re.search(rf"\bch4\.{func}\(", text), (
+            f"Chapter 4 does not call ch4.{func}"
+        )
 
 
 def test_every_exercise_function_the_guide_names_is_defined_in_a_chapter():
@@ -357,8 +529,14 @@ def test_every_exercise_function_the_guide_names_is_defined_in_a_chapter():
     named = sorted(set(re.findall(pattern, GUIDE.read_text())))
     assert named, "the guide names no exercise function"
     chapters = "\n".join(p.read_text() for p in book.chapter_sources())
-    missing = [name for name in named if not re.search(rf"^def {name}\(", chapters, re.MULTILINE)]
-    assert not missing, f"the guide names exercise functions that no chapter defines: {missing}"
+    missing = [
+        name
+        for name in named
+        if not re.search(rf"^def {name}\(", chapters, re.MULTILINE)
+    ]
+    assert not missing, (
+        f"the guide names exercise functions that no chapter defines: {missing}"
+    )
 
 
 def test_chapter3_checkers_the_guide_names_exist_and_the_chapter_calls_them():
@@ -368,20 +546,32 @@ def test_chapter3_checkers_the_guide_names_exist_and_the_chapter_calls_them():
     chapter = (book.CHAPTERS / "03_implicit_diff.md").read_text()
     for func in named:
         assert callable(getattr(ch3_checks, func, None)), f"exercises.ch3 has no {func}"
-        assert re.search(rf"\bchecks\.{func}\(", chapter), f"chapter 3 does not call {func}"
+        assert re.search(rf"\bchecks\.{func}\(", chapter), (
+            f"chapter 3 does not call {func}"
+        )
 
 
 def test_guide_covers_every_chapter_and_both_formats():
     text = GUIDE.read_text()
     for n in range(6):
-        assert re.search(rf"^### Chapter {n}\b", text, re.MULTILINE), f"no section for Chapter {n}"
+        assert re.search(rf"^### Chapter {n}\b", text, re.MULTILINE), (
+            f"no section for Chapter {n}"
+        )
     assert "### One-day workshop" in text and "### 90-minute taster" in text
-    assert "{{ jax_floor }}" in text, "the supported range must come from the jax_floor substitution"
+    assert "{{ jax_floor }}" in text, (
+        "the supported range must come from the jax_floor substitution"
+    )
     for chapter in book.chapter_sources():
         stem = chapter.stem
-        assert f"](chapters/{stem}.md)" in text, f"the guide does not link {chapter.name}: give it a section"
+        assert f"](chapters/{stem}.md)" in text, (
+            f"the guide does not link {chapter.name}: give it a section"
+        )
         if stem in CHAPTER_MODULES and stem != "00_setup":
-            section = re.search(rf"^### Chapter {int(stem[:2])}\b.*?(?=^### |^## |\Z)", text, re.MULTILINE | re.DOTALL)
+            section = re.search(
+                rf"^### Chapter {int(stem[:2])}\b.*?(?=^### |^## |\Z)",
+                text,
+                re.MULTILINE | re.DOTALL,
+            )
             assert section and "had not landed" not in section.group(0), (
                 f"{chapter.name} exists now: align its section of the guide with it and drop the 'had not landed' note"
             )
@@ -390,12 +580,20 @@ def test_guide_covers_every_chapter_and_both_formats():
 def test_chapter2_checkers_the_guide_names_exist_and_the_chapter_calls_them():
     """Chapter 2's checkers live in beyondgrad.exercises.ch2, imported as ``ex2``."""
     named = sorted(set(re.findall(r"`ex2\.(check_\w+)`", GUIDE.read_text())))
-    assert named == ["check_jacobian_strategy", "check_rebuilt_jacrev", "check_transpose"]
+    assert named == [
+        "check_jacobian_strategy",
+        "check_rebuilt_jacrev",
+        "check_transpose",
+    ]
     chapter = (book.CHAPTERS / "02_linearize_transpose.md").read_text()
     assert "from beyondgrad.exercises import ch2 as ex2" in chapter
     for func in named:
-        assert callable(getattr(ex2, func, None)), f"the guide names ex2.{func}, which does not exist"
-        assert re.search(rf"\bex2\.{func}\(", chapter), f"the chapter does not call ex2.{func}"
+        assert callable(getattr(ex2, func, None)), (
+            f"the guide names ex2.{func}, which does not exist"
+        )
+        assert re.search(rf"\bex2\.{func}\(", chapter), (
+            f"the chapter does not call ex2.{func}"
+        )
 
 
 def test_chapter5_checkers_the_guide_names_exist_and_the_chapter_calls_them():
@@ -404,4 +602,6 @@ def test_chapter5_checkers_the_guide_names_exist_and_the_chapter_calls_them():
     assert named == sorted(n for n in ex5.__all__ if n.startswith("check_"))
     chapter = (book.CHAPTERS / "05_laplacians.md").read_text()
     for func in named:
-        assert re.search(rf"\bex5\.{func}\(", chapter), f"05_laplacians.md does not call ex5.{func}"
+        assert re.search(rf"\bex5\.{func}\(", chapter), (
+            f"05_laplacians.md does not call ex5.{func}"
+        )

@@ -32,13 +32,24 @@ def test_ensure_cpu_devices_too_late_names_the_fix():
         runtime.ensure_cpu_devices(10_000)
 
 
-@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-3, ValueError), ("8", TypeError), (8.0, TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    "bad, exc",
+    [
+        (0, ValueError),
+        (-3, ValueError),
+        ("8", TypeError),
+        (8.0, TypeError),
+        (True, TypeError),
+    ],
+)
 def test_ensure_cpu_devices_validates(bad, exc):
     with pytest.raises(exc):
         runtime.ensure_cpu_devices(bad)
 
 
-@pytest.mark.parametrize("shape, names", [(8, "data"), ((2, 4), ("data", "model")), ((1,), ("data",))])
+@pytest.mark.parametrize(
+    "shape, names", [(8, "data"), ((2, 4), ("data", "model")), ((1,), ("data",))]
+)
 def test_demo_mesh_shapes(shape, names):
     mesh = runtime.demo_mesh(shape, names)
     want = (shape,) if isinstance(shape, int) else shape
@@ -50,8 +61,15 @@ def test_demo_mesh_shapes(shape, names):
 def test_demo_mesh_explicit_axes_and_use():
     mesh = runtime.demo_mesh((2, 4), ("data", "model"), axis_types="explicit")
     assert all(t == AxisType.Explicit for t in mesh.axis_types)
-    x = jax.device_put(jnp.arange(16.0).reshape(2, 8), NamedSharding(mesh, P("data", "model")))
-    out = jax.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("data", "model"), out_specs=P("data", "model"))(x)
+    x = jax.device_put(
+        jnp.arange(16.0).reshape(2, 8), NamedSharding(mesh, P("data", "model"))
+    )
+    out = jax.shard_map(
+        lambda b: b * 2,
+        mesh=mesh,
+        in_specs=P("data", "model"),
+        out_specs=P("data", "model"),
+    )(x)
     assert jnp.array_equal(out, 2 * jnp.arange(16.0).reshape(2, 8))
 
 
@@ -78,7 +96,10 @@ def test_check_setup_passes_here():
 def test_check_setup_reports_missing_devices_with_fix():
     checks = runtime.check_setup(10_000)
     bad = [c for c in checks if not c.ok]
-    assert {c.name for c in bad} == {"10000 devices for the sharding chapters", "shard_map"}
+    assert {c.name for c in bad} == {
+        "10000 devices for the sharding chapters",
+        "shard_map",
+    }
     assert "ensure_cpu_devices(10000)" in str(bad[0]) and str(bad[0]).startswith("✗")
 
 
@@ -98,7 +119,9 @@ def test_ensure_cpu_devices_in_a_fresh_process_creates_exactly_n():
         "from beyondgrad import runtime; import jax;"
         "print(runtime.ensure_cpu_devices(3), len(jax.devices('cpu')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["3", "3"]
 
@@ -131,10 +154,17 @@ def test_check_my_jax_lists_exactly_the_recorded_differences():
     fast = [p for p in drift.probe_ids() if drift.probe(p).fast]
     assert check.jax_version == here and check.book_version == other
     assert check.probes_run == len(fast) == len(check.outcomes)
-    own = [p for p in fast if not drift.outcome(p, here).same_behaviour(check.outcomes[p])]
+    own = [
+        p for p in fast if not drift.outcome(p, here).same_behaviour(check.outcomes[p])
+    ]
     assert not own, f"JAX {here} differs from its own recorded row in {own}"
-    want = [p for p in fast if not drift.outcome(p, other).same_behaviour(
-        drift.outcome(p, here), exact=False)]
+    want = [
+        p
+        for p in fast
+        if not drift.outcome(p, other).same_behaviour(
+            drift.outcome(p, here), exact=False
+        )
+    ]
     assert want, f"pick versions that differ: {here} and {other} behave alike"
     assert [d.probe_id for d in check.differences] == want
     text = str(check)
@@ -147,13 +177,16 @@ def test_drift_check_text_when_nothing_differs():
     assert "No chapter section will behave differently" in text and "3 probes" in text
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"book_version": "0.0.1"}, "book_version must be one of"),
-    ({"book_version": 8}, "book_version must be one of"),
-    ({"timeout": 0}, "timeout must be a positive"),
-    ({"timeout": True}, "timeout must be a positive"),
-    ({"timeout": "60"}, "timeout must be a positive"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"book_version": "0.0.1"}, "book_version must be one of"),
+        ({"book_version": 8}, "book_version must be one of"),
+        ({"timeout": 0}, "timeout must be a positive"),
+        ({"timeout": True}, "timeout must be a positive"),
+        ({"timeout": "60"}, "timeout must be a positive"),
+    ],
+)
 def test_check_my_jax_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         runtime.check_my_jax(**kwargs)

@@ -74,7 +74,9 @@ def _axis_tuple(axis_names: AxisNames) -> tuple[str, ...]:
             f"axis_names must be a str or a sequence of str, got {type(axis_names).__name__}"
         ) from None
     if not all(isinstance(a, str) for a in names):
-        raise TypeError(f"axis_names must be a str or a sequence of str, got {axis_names!r}")
+        raise TypeError(
+            f"axis_names must be a str or a sequence of str, got {axis_names!r}"
+        )
     return names
 
 
@@ -126,7 +128,10 @@ def make_mesh(
         raise ValueError(f"axis_types must be 'auto' or 'explicit', got {axis_types!r}")
     names = _axis_tuple(axis_names)
     return jax.make_mesh(
-        tuple(shape), names, axis_types=(kinds[axis_types],) * len(names), devices=devices
+        tuple(shape),
+        names,
+        axis_types=(kinds[axis_types],) * len(names),
+        devices=devices,
     )
 
 
@@ -161,7 +166,9 @@ def jit_cache_size(jitted: Any) -> int:
     """Entries in a ``jax.jit`` function's dispatch cache (one per trace it kept)."""
     size = getattr(jitted, "_cache_size", None)
     if size is None:
-        raise TypeError(f"expected a function made by jax.jit, got {type(jitted).__name__}")
+        raise TypeError(
+            f"expected a function made by jax.jit, got {type(jitted).__name__}"
+        )
     return int(size())
 
 
@@ -199,7 +206,6 @@ def set_direct_linearize(enabled: bool) -> bool:
         )
     jax.config.update(DIRECT_LINEARIZE_OPTION, enabled)
     return before
-
 
 
 # ----------------------------------------------------------------------------- Chapter 3

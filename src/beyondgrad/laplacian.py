@@ -71,6 +71,8 @@ class LaplacianOptions(TypedDict, total=False):
     key: jax.Array | None
     num_samples: int
     sparsity_threshold: float
+
+
 METHODS: tuple[str, ...] = ("hessian", "loop", "vmap", "folx", "hutchinson")
 
 
@@ -217,7 +219,9 @@ def hutchinson_samples(
 
 
 def laplacian(
-    f: Callable[[jax.Array], jax.Array], x: jax.Array, **options: Unpack[LaplacianOptions]
+    f: Callable[[jax.Array], jax.Array],
+    x: jax.Array,
+    **options: Unpack[LaplacianOptions],
 ) -> jax.Array:
     """The Laplacian :math:`\\operatorname{tr}\\nabla^2 f(x)` of a scalar ``f`` at a 1-D ``x``.
 

@@ -49,15 +49,24 @@ class Timing:
 def _check_calls(calls: Sequence[Call]) -> list[Call]:
     out = []
     for k, item in enumerate(calls):
-        if not (isinstance(item, tuple) and len(item) == 2 and callable(item[0]) and isinstance(item[1], tuple)):
-            raise TypeError(f"calls[{k}] must be a (function, args_tuple) pair, got {item!r:.80}")
+        if not (
+            isinstance(item, tuple)
+            and len(item) == 2
+            and callable(item[0])
+            and isinstance(item[1], tuple)
+        ):
+            raise TypeError(
+                f"calls[{k}] must be a (function, args_tuple) pair, got {item!r:.80}"
+            )
         out.append(item)
     if not out:
         raise ValueError("time_calls needs at least one (function, args) pair")
     return out
 
 
-def time_calls(calls: Sequence[Call], *, repeats: int = 7, min_time: float = 0.0) -> list[Timing]:
+def time_calls(
+    calls: Sequence[Call], *, repeats: int = 7, min_time: float = 0.0
+) -> list[Timing]:
     """Time each ``fn(*args)`` of ``calls`` side by side, by the module's clock policy.
 
     ``repeats`` samples per function are taken round-robin; each sample is preceded by
@@ -85,7 +94,9 @@ def time_calls(calls: Sequence[Call], *, repeats: int = 7, min_time: float = 0.0
     return [Timing(min(s), statistics.median(s), tuple(s)) for s in samples]
 
 
-def time_call(fn: Callable[..., Any], *args: Any, repeats: int = 7, min_time: float = 0.0) -> Timing:
+def time_call(
+    fn: Callable[..., Any], *args: Any, repeats: int = 7, min_time: float = 0.0
+) -> Timing:
     """:func:`time_calls` for one function."""
     return time_calls([(fn, args)], repeats=repeats, min_time=min_time)[0]
 
@@ -113,5 +124,7 @@ def temp_bytes(fn: Callable[..., Any], *args: Any) -> int | None:
         analysis = compiled.memory_analysis()
     except (NotImplementedError, jax.errors.JaxRuntimeError):
         return None
-    value = getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
+    value = (
+        getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
+    )
     return None if value is None else int(value)

@@ -67,7 +67,9 @@ def ensure_cpu_devices(n: int = BOOK_DEVICE_COUNT) -> int:
     otherwise raises ``RuntimeError`` telling you to restart the kernel.
     """
     if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be an int number of CPU devices, got {type(n).__name__}")
+        raise TypeError(
+            f"n must be an int number of CPU devices, got {type(n).__name__}"
+        )
     if n < 1:
         raise ValueError(f"n must be >= 1 CPU device, got {n}")
     if not compat.backends_initialized():
@@ -153,7 +155,9 @@ def demo_mesh(
     shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
     names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
     if len(shape_t) != len(names):
-        raise ValueError(f"shape {shape_t} has {len(shape_t)} axes but axis_names {names} has {len(names)}")
+        raise ValueError(
+            f"shape {shape_t} has {len(shape_t)} axes but axis_names {names} has {len(names)}"
+        )
     if len(set(names)) != len(names):
         raise ValueError(f"axis_names must be distinct, got {names}")
     if any(not isinstance(s, int) or s < 1 for s in shape_t):
@@ -196,7 +200,11 @@ def _smoke_shard_map(mesh: jax.sharding.Mesh) -> float:
         return jax.lax.psum(jnp.sum((x * w) ** 2), mesh.axis_names)
 
     x = jnp.arange(float(mesh.size * 2))
-    sharded = jax.jit(jax.shard_map(loss, mesh=mesh, in_specs=(P(), P(mesh.axis_names)), out_specs=P()))
+    sharded = jax.jit(
+        jax.shard_map(
+            loss, mesh=mesh, in_specs=(P(), P(mesh.axis_names)), out_specs=P()
+        )
+    )
     got = float(sharded(2.0, x))
     want = float(jnp.sum((2.0 * x) ** 2))
     if abs(got - want) > 1e-4 * abs(want):
@@ -236,23 +244,56 @@ def check_setup(n_devices: int = BOOK_DEVICE_COUNT) -> list[SetupCheck]:
         x = jnp.linspace(0.0, 1.0, 5)
         jitted = float(jax.jit(lambda v: jnp.sum(jnp.sin(v)))(x))
         grad = jax.grad(lambda v: jnp.sum(v**3))(x)
-        ok = abs(jitted - float(jnp.sum(jnp.sin(x)))) < 1e-5 and bool(jnp.allclose(grad, 3 * x**2, rtol=1e-5))
-        checks.append(SetupCheck("jit and grad", ok, "sin-sum under jit and d/dx x^3 match their closed forms",
-                                 "reinstall JAX for this platform (see the JAX installation guide)"))
+        ok = abs(jitted - float(jnp.sum(jnp.sin(x)))) < 1e-5 and bool(
+            jnp.allclose(grad, 3 * x**2, rtol=1e-5)
+        )
+        checks.append(
+            SetupCheck(
+                "jit and grad",
+                ok,
+                "sin-sum under jit and d/dx x^3 match their closed forms",
+                "reinstall JAX for this platform (see the JAX installation guide)",
+            )
+        )
     except Exception as e:  # report, do not stop the notebook
-        checks.append(SetupCheck("jit and grad", False, f"{type(e).__name__}: {e}", "reinstall JAX for this platform"))
+        checks.append(
+            SetupCheck(
+                "jit and grad",
+                False,
+                f"{type(e).__name__}: {e}",
+                "reinstall JAX for this platform",
+            )
+        )
     if enough:
         try:
             mesh = demo_mesh(n_devices, "data")
             _smoke_shard_map(mesh)
             kind = mesh.devices.flat[0].platform
-            checks.append(SetupCheck("shard_map", True, f"a psum over {mesh.size} {kind} devices matches one device"))
+            checks.append(
+                SetupCheck(
+                    "shard_map",
+                    True,
+                    f"a psum over {mesh.size} {kind} devices matches one device",
+                )
+            )
         except Exception as e:
-            checks.append(SetupCheck("shard_map", False, f"{type(e).__name__}: {e}",
-                                     "upgrade JAX; jax.shard_map needs the versions the book supports"))
+            checks.append(
+                SetupCheck(
+                    "shard_map",
+                    False,
+                    f"{type(e).__name__}: {e}",
+                    "upgrade JAX; jax.shard_map needs the versions the book supports",
+                )
+            )
     else:
-        checks.append(SetupCheck("shard_map", False, "skipped: not enough devices",
-                                 "fix the device check above first"))
+        checks.append(
+            SetupCheck(
+                "shard_map",
+                False,
+                "skipped: not enough devices",
+                "fix the device check above first",
+            )
+        )
     return checks
 
 
@@ -269,10 +310,12 @@ class DriftDifference:
     yours: drift.Outcome
 
     def __str__(self) -> str:
-        return (f"- {self.chapter.doc} § {self.chapter.section}\n"
-                f"    {drift.probe(self.probe_id).summary} [{self.probe_id}]\n"
-                f"    book's JAX: {self.book.short()[:150]}\n"
-                f"    your JAX:   {self.yours.short()[:150]}")
+        return (
+            f"- {self.chapter.doc} § {self.chapter.section}\n"
+            f"    {drift.probe(self.probe_id).summary} [{self.probe_id}]\n"
+            f"    book's JAX: {self.book.short()[:150]}\n"
+            f"    your JAX:   {self.yours.short()[:150]}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +327,9 @@ class DriftCheck:
     probes_run: int
     seconds: float
     differences: tuple[DriftDifference, ...]
-    outcomes: dict[str, drift.Outcome] = dataclasses.field(default_factory=dict, repr=False)
+    outcomes: dict[str, drift.Outcome] = dataclasses.field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def sections(self) -> list[str]:
@@ -292,11 +337,16 @@ class DriftCheck:
         return list(dict.fromkeys(str(d.chapter) for d in self.differences))
 
     def __str__(self) -> str:
-        head = (f"JAX {self.jax_version}: {self.probes_run} probes in {self.seconds:.0f} s, "
-                f"compared with the book's JAX {self.book_version}.")
+        head = (
+            f"JAX {self.jax_version}: {self.probes_run} probes in {self.seconds:.0f} s, "
+            f"compared with the book's JAX {self.book_version}."
+        )
         if not self.differences:
             return f"{head}\nNo chapter section will behave differently from the book's pages."
-        lines = [head, f"{len(self.sections)} chapter section(s) will behave differently:"]
+        lines = [
+            head,
+            f"{len(self.sections)} chapter section(s) will behave differently:",
+        ]
         return "\n".join([*lines, *map(str, self.differences)])
 
 
@@ -317,23 +367,48 @@ def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> Drif
     recorded = drift.versions()
     if book_version is None:
         if not recorded:
-            raise RuntimeError("no drift results are recorded: run `python3 dev.py drift`")
+            raise RuntimeError(
+                "no drift results are recorded: run `python3 dev.py drift`"
+            )
         book_version = recorded[-1]
     if not isinstance(book_version, str) or book_version not in recorded:
-        raise ValueError(f"book_version must be one of the recorded versions {recorded}, "
-                         f"got {book_version!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        raise ValueError(
+            f"book_version must be one of the recorded versions {recorded}, "
+            f"got {book_version!r}"
+        )
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or timeout <= 0
+    ):
+        raise ValueError(
+            f"timeout must be a positive number of seconds, got {timeout!r}"
+        )
     pkg_parent = str(Path(drift.__file__).resolve().parents[2])
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [pkg_parent, env.get("PYTHONPATH", "")])
+    )
     env.pop("XLA_FLAGS", None)
     t0 = time.perf_counter()
     jobs = str(max(1, min(4, os.cpu_count() or 1)))  # Colab's CPU runtime has 2 cores
-    cmd = [sys.executable, "-m", "beyondgrad.drift.child", "--fast", "--jobs", jobs,
-           "--timeout", str(timeout)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                          timeout=timeout * len(drift.probe_ids()) + 60)
+    cmd = [
+        sys.executable,
+        "-m",
+        "beyondgrad.drift.child",
+        "--fast",
+        "--jobs",
+        jobs,
+        "--timeout",
+        str(timeout),
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout * len(drift.probe_ids()) + 60,
+    )
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"the drift probes could not run: {tail[0]}")
@@ -348,7 +423,9 @@ def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> Drif
         yours = outcomes[rec["id"]] = drift.Outcome.from_dict(rec["outcome"])
         book = drift.outcome(rec["id"], book_version)
         if book is not None and not book.same_behaviour(yours, exact=False):
-            diffs.append(DriftDifference(rec["id"], drift.chapter(rec["id"]), book, yours))
+            diffs.append(
+                DriftDifference(rec["id"], drift.chapter(rec["id"]), book, yours)
+            )
     order = {p: k for k, p in enumerate(drift.probe_ids())}
     diffs.sort(key=lambda d: order[d.probe_id])
     return DriftCheck(version, book_version, n, seconds, tuple(diffs), outcomes)

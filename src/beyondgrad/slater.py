@@ -873,8 +873,16 @@ def _step(
         first = 0 if axis_name is None else jax.lax.axis_index(axis_name) * local
         n = walkers.shape[0] if count is None else count
         return _batch_energy_and_grad(
-            get_log_psi(), params, walkers, method=method, estimator=estimator,
-            key=key, omega=omega, total=total, count=n, first=first,
+            get_log_psi(),
+            params,
+            walkers,
+            method=method,
+            estimator=estimator,
+            key=key,
+            omega=omega,
+            total=total,
+            count=n,
+            first=first,
         )
 
     return step
