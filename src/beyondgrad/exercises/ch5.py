@@ -26,8 +26,17 @@ import numpy as np
 from beyondgrad import exercises as ex
 
 __all__ = [
+    "ELECTRONS",
+    "FL_DIM",
+    "FL_POINTS",
+    "FL_RTOL",
     "MESH_AXIS",
+    "ROW_MATRICES",
+    "ROW_RTOL",
     "SHARDED_DEVICES",
+    "SOLUTION_ERROR_BOUND",
+    "STEP_RTOL",
+    "WALKERS_PER_DEVICE",
     "check_fl_multiply",
     "check_row_update_second_derivative",
     "check_sharded_kinetic_step",
@@ -36,16 +45,26 @@ __all__ = [
 #: The mesh axis the sharded exercise runs over, and its size.
 MESH_AXIS = "data"
 SHARDED_DEVICES = 8
+#: Exercise 5.3: walkers per device, and electrons per walker.
+WALKERS_PER_DEVICE = 2
+ELECTRONS = 3
+#: Exercise 5.1: number of variables, and number of points checked.
+FL_DIM = 5
+FL_POINTS = 3
+#: Exercise 5.2: number of (matrix, row, update) cases checked.
+ROW_MATRICES = 3
 
 Triple = tuple[jax.Array, jax.Array, jax.Array]
 
-# Accuracy required (the statements quote them). Every check runs in float64, where
-# the book's solutions agree with the references to about 1e-13 (measured in
-# tests/test_exercises_ch5.py); the tolerances leave several orders of magnitude for
-# other orders of summation and stay far below the smallest mistake.
-_FL_RTOL, _FL_ATOL = 1e-9, 1e-12
-_ROW_RTOL, _ROW_ATOL = 1e-8, 1e-12
-_STEP_RTOL, _STEP_ATOL = 1e-8, 1e-10
+#: Accuracy required (the statements quote them). Every check runs in float64, where
+#: the book's solutions to 5.1 and 5.2 agree with the references to better than SOLUTION_ERROR_BOUND
+#: (asserted in tests/test_exercises_ch5.py); their tolerances leave a margin of at least
+#: 1000x that for other formulas and orders of summation, and stay far below the
+#: mistakes the near-miss tests make.
+SOLUTION_ERROR_BOUND = 1e-12
+FL_RTOL, _FL_ATOL = 1e-9, 1e-12
+ROW_RTOL, _ROW_ATOL = 1e-8, 1e-12
+STEP_RTOL, _STEP_ATOL = 1e-8, 1e-10
 
 
 def _close(a: Any, b: Any, rtol: float) -> bool:
@@ -68,7 +87,7 @@ def _triple(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> Triple:
 
 @functools.lru_cache(maxsize=1)
 def _fl_cases() -> list[tuple[Triple, Triple, Triple]]:
-    d, m = 5, 4
+    d, m = FL_DIM, 4
     w = jnp.sin(jnp.arange(d * m, dtype=jnp.float64)).reshape(d, m)
     c = jnp.cos(jnp.arange(m, dtype=jnp.float64))
     s = jnp.linspace(0.5, 1.5, m, dtype=jnp.float64)
@@ -84,6 +103,7 @@ def _fl_cases() -> list[tuple[Triple, Triple, Triple]]:
         return u(x) * v(x)
 
     points = [jnp.linspace(-1.0, 1.0, d), 0.3 * jnp.ones(d), jnp.linspace(0.8, -0.4, d)]
+    assert len(points) == FL_POINTS
     triples = jax.jit(lambda x: (_triple(u, x), _triple(v, x), _triple(uv, x)))
     return [triples(x) for x in points]
 
@@ -148,7 +168,7 @@ def check_fl_multiply(fn: Callable[..., Any], strict: bool = False) -> ex.Feedba
                 problems += ex.tree_mismatches(
                     got_part,
                     want_part,
-                    rtol=_FL_RTOL,
+                    rtol=FL_RTOL,
                     atol=_FL_ATOL,
                     name=f"at point {k}: {part}",
                     allow_python_scalars=False,
@@ -172,7 +192,9 @@ def check_fl_multiply(fn: Callable[..., Any], strict: bool = False) -> ex.Feedba
 @functools.lru_cache(maxsize=1)
 def _row_cases() -> list[tuple[jax.Array, int, jax.Array, jax.Array]]:
     matrices = []
-    for seed, (n, i) in enumerate([(3, 0), (4, 2), (5, 4)]):
+    cases = [(3, 0), (4, 2), (5, 4)]
+    assert len(cases) == ROW_MATRICES
+    for seed, (n, i) in enumerate(cases):
         ka, ku = jax.random.split(jax.random.key(seed))
         a = jax.random.normal(ka, (n, n), jnp.float64) + 2.0 * jnp.eye(n)
         u = jax.random.normal(ku, (n,), jnp.float64)
@@ -230,7 +252,7 @@ def check_row_update_second_derivative(
             problems += ex.tree_mismatches(
                 got,
                 want,
-                rtol=_ROW_RTOL,
+                rtol=ROW_RTOL,
                 atol=_ROW_ATOL,
                 name=f"for n = {n}, row {i}: answer",
                 allow_python_scalars=False,
@@ -264,10 +286,11 @@ def _kinetic_problem() -> tuple[dict[str, jax.Array], jax.Array]:
     """Parameters and 16 walkers of 3 electrons, float64 (call under enable_x64)."""
     from beyondgrad import slater
 
-    params = slater.init_params(jax.random.key(0), 3, hidden=8, dtype=jnp.float64)
-    walkers = jax.random.normal(
-        jax.random.key(1), (2 * SHARDED_DEVICES, 3, 3), jnp.float64
+    params = slater.init_params(
+        jax.random.key(0), ELECTRONS, hidden=8, dtype=jnp.float64
     )
+    shape = (WALKERS_PER_DEVICE * SHARDED_DEVICES, ELECTRONS, 3)
+    walkers = jax.random.normal(jax.random.key(1), shape, jnp.float64)
     return params, walkers
 
 
@@ -369,7 +392,7 @@ def check_sharded_kinetic_step(
     problems = ex.tree_mismatches(
         got[0],
         want[0],
-        rtol=_STEP_RTOL,
+        rtol=STEP_RTOL,
         atol=_STEP_ATOL,
         name="the energy",
         allow_python_scalars=False,
@@ -388,7 +411,7 @@ def check_sharded_kinetic_step(
     grad_problems = ex.tree_mismatches(
         got[1],
         want[1],
-        rtol=_STEP_RTOL,
+        rtol=STEP_RTOL,
         atol=_STEP_ATOL,
         name="the gradient",
         allow_python_scalars=False,
