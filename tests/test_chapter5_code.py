@@ -50,6 +50,8 @@ def chapter() -> dict:
     cells = re.findall(r"```\{code-cell\} ipython3\n(.*?)```", text, re.S)
     defs = {}
     for cell in cells:
+        # drop the cell's options: ":key: value" lines or a YAML block between "---"
+        cell = re.sub(r"\A---\n.*?\n---\n", "", cell, flags=re.S)
         source = "\n".join(
             line for line in cell.splitlines() if not line.startswith(":")
         )
