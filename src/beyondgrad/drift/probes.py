@@ -722,7 +722,7 @@ def loop_carry_invariant_init() -> str:
 
 @_probe(
     CH5,
-    "5.5 Inside shard_map, with gradients: the seed",
+    "5.8 Inside shard_map: the seed",
     "jax#33947: grad inside shard_map (check_vma) of a function that splits and "
     "drops a piece",
 )
@@ -792,7 +792,7 @@ def _folx_seed(old_folx_env: str | None = None) -> str:
 
 @_probe(
     CH5,
-    "5.5 Inside shard_map, with gradients: the seed",
+    "5.8 Inside shard_map: the seed",
     "folx#40: grad of a folx forward Laplacian of slogdet inside shard_map "
     "(the newest folx that installs with this JAX)",
     fast=False,
@@ -803,7 +803,7 @@ def seed000_folx_slogdet_grad() -> str:
 
 @_probe(
     CH5,
-    "5.5 Inside shard_map, with gradients: the seed",
+    "5.8 Inside shard_map: the seed",
     f"folx#40 as reported: the same program with folx {FOLX_OLD}",
     fast=False,
 )
@@ -813,7 +813,7 @@ def seed000_folx_old_slogdet_grad() -> str:
 
 @_probe(
     CH5,
-    "5.5 Inside shard_map, with gradients: the seed",
+    "5.8 Inside shard_map: the seed",
     "Hessian-vector product at a varying primal fed an invariant jnp.eye row",
 )
 def ch5_hand_built_basis() -> str:
