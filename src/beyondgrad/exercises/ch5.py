@@ -130,6 +130,19 @@ def _fl_hints(got: Any, a: Triple, b: Triple) -> list[str]:
     return hints
 
 
+def _start(
+    name: str, fn: Any, what: str, probe: tuple[Any, ...], strict: bool
+) -> ex.Feedback | None:
+    """The verdict before any reference work: not a function, or ``fn(*probe)`` is the
+    stub; None when there is an answer to grade."""
+    msg = ex.require_callable(fn, what)
+    if msg:
+        return ex.verdict(name, [msg], strict=strict)
+    if ex.is_stub(ex.call_answer(fn, *probe)):
+        return ex.verdict(name, [], attempted=False, strict=strict)
+    return None
+
+
 def check_fl_multiply(fn: Callable[..., Any], strict: bool = False) -> ex.Feedback:
     """Exercise 5.1: ``fn((u, gu, lu), (v, gv, lv))`` is the triple of ``u * v``.
 
@@ -137,22 +150,17 @@ def check_fl_multiply(fn: Callable[..., Any], strict: bool = False) -> ex.Feedba
     against ``jax.hessian`` of the product in float64 (relative accuracy 1e-9).
     """
     name = "Exercise 5.1 (forward Laplacian of a product)"
-    msg = ex.require_callable(fn, "my_fl_multiply")
-    if msg:
-        return ex.verdict(name, [msg], strict=strict)
     problems: list[str] = []
     with jax.enable_x64(True):
         zeros = (jnp.zeros(4), jnp.zeros((5, 4)), jnp.zeros(4))
-        if ex.is_stub(ex.call_answer(fn, zeros, zeros)):  # before any reference work
-            return ex.verdict(name, [], attempted=False, strict=strict)
+        early = _start(name, fn, "my_fl_multiply", (zeros, zeros), strict)
+        if early is not None:
+            return early
         for k, (a, b, want) in enumerate(_fl_cases()):
             got = ex.call_answer(fn, a, b, what="your function")
-            if ex.is_stub(got):
-                return ex.verdict(name, [], attempted=False, strict=strict)
-            failure = ex.failed(got)
-            if failure:
-                problems.append(failure)
-                break
+            early = ex.early_verdict(name, got, strict=strict)
+            if early is not None:
+                return early
             if not isinstance(got, (tuple, list)) or len(got) != 3:
                 kind = type(got).__name__
                 size = (
@@ -232,29 +240,24 @@ def check_row_update_second_derivative(
     matrices in float64 (relative accuracy 1e-8). Any method is accepted.
     """
     name = "Exercise 5.2 (row update)"
-    msg = ex.require_callable(fn, "my_row_second_derivative")
-    if msg:
-        return ex.verdict(name, [msg], strict=strict)
     problems: list[str] = []
     with jax.enable_x64(True):
-        probe = ex.call_answer(fn, jnp.eye(3), 0, jnp.ones(3))
-        if ex.is_stub(probe):  # before any reference work
-            return ex.verdict(name, [], attempted=False, strict=strict)
+        probe = (jnp.eye(3), 0, jnp.ones(3))
+        early = _start(name, fn, "my_row_second_derivative", probe, strict)
+        if early is not None:
+            return early
         for a, i, u, want in _row_cases():
             n = a.shape[0]
             got = ex.call_answer(fn, a, i, u, what="your function")
-            if ex.is_stub(got):
-                return ex.verdict(name, [], attempted=False, strict=strict)
-            failure = ex.failed(got)
-            if failure:
-                problems.append(failure)
-                break
+            early = ex.early_verdict(name, got, strict=strict)
+            if early is not None:
+                return early
             problems += ex.tree_mismatches(
                 got,
                 want,
+                name=f"for n = {n}, row {i}: answer",
                 rtol=ROW_RTOL,
                 atol=_ROW_ATOL,
-                name=f"for n = {n}, row {i}: answer",
                 allow_python_scalars=False,
             )
             if problems:
@@ -389,14 +392,17 @@ def check_sharded_kinetic_step(
             ],
             strict=strict,
         )
-    problems = ex.tree_mismatches(
-        got[0],
-        want[0],
-        rtol=STEP_RTOL,
-        atol=_STEP_ATOL,
-        name="the energy",
-        allow_python_scalars=False,
-    )
+    problems, grad_problems = [
+        ex.tree_mismatches(
+            part,
+            ref,
+            rtol=STEP_RTOL,
+            atol=_STEP_ATOL,
+            name=label,
+            allow_python_scalars=False,
+        )
+        for part, ref, label in zip(got, want, ("the energy", "the gradient"))
+    ]
     ratio = _signed_ratio(got[0], want[0]) if problems else None
     if ratio is not None and abs(ratio - 1) > 1e-3:
         problems.append(
@@ -408,14 +414,6 @@ def check_sharded_kinetic_step(
                 else ""
             )
         )
-    grad_problems = ex.tree_mismatches(
-        got[1],
-        want[1],
-        rtol=STEP_RTOL,
-        atol=_STEP_ATOL,
-        name="the gradient",
-        allow_python_scalars=False,
-    )
     if grad_problems:
         ratio = _signed_ratio(got[1], want[1])
         if ratio is not None and abs(ratio - 1) > 1e-3:
