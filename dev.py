@@ -231,39 +231,19 @@ def cmd_lint(py: Path) -> int:
     return rc or fmt
 
 
-#: The test that runs every student notebook top to bottom (tests/test_notebooks.py).
-STUDENT_TEST = (
-    "tests/test_notebooks.py::test_student_notebook_runs_and_reports_not_attempted"
-)
+#: How the whole suite runs: one pytest worker per core (pytest-xdist), and a worker
+#: that finishes early takes queued tests from the others (the student notebooks and the
+#: benchmark checks run tens of seconds each, most tests well under one).
+PARALLEL = ["-n", "auto", "--dist", "worksteal"]
 
 
 def cmd_test(py: Path, pytest_args: list[str], build: Path) -> int:
-    """Run pytest. The whole suite runs the student notebooks beside it, then checks them.
-
-    The student notebooks (a kernel each, mostly one core) execute in a second process
-    while pytest runs the rest of the suite; their test then runs last and finds them
-    executed (tools.execute caches them in the build folder). With arguments, pytest
-    runs exactly what they select.
-    """
-    pytest = [str(py), "-m", "pytest"]
-    if pytest_args:
-        rc = subprocess.run(
-            [*pytest, *pytest_args], cwd=ROOT, env=run_env(build)
-        ).returncode
-    else:
-        t0 = time.perf_counter()
-        student_cmd = [str(py), "-m", "tools.execute", "--student"]
-        students = subprocess.Popen(student_cmd, cwd=ROOT, env=run_env(build))
-        rest = [*pytest, "--deselect", STUDENT_TEST]
-        rc = subprocess.run(rest, cwd=ROOT, env=run_env(build)).returncode
-        students.wait()
-        print(
-            f"[dev] student notebooks executed beside the suite ({time.perf_counter() - t0:.0f} s)"
-        )
-        rc_students = subprocess.run(
-            [*pytest, STUDENT_TEST], cwd=ROOT, env=run_env(build)
-        ).returncode
-        rc = rc or rc_students
+    """Run pytest: the whole suite in parallel (``PARALLEL``), or exactly what
+    ``pytest_args`` select, in one process."""
+    args = pytest_args or PARALLEL
+    rc = subprocess.run(
+        [str(py), "-m", "pytest", *args], cwd=ROOT, env=run_env(build)
+    ).returncode
     if rc == 5:  # pytest: no tests collected (e.g. a -k filter matched nothing)
         print("[dev] pytest collected no tests")
     return rc

@@ -97,6 +97,10 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
         problems, shot = browser_checks.visit(
             browser, tmp_path, url, "broken.html", tmp_path
         )
+        # no folder asked for: the same problems, and no screenshot taken
+        again, no_shot = browser_checks.visit(
+            browser, tmp_path, url, "broken.html", None
+        )
     report = "\n".join(problems)
     expected = [
         "uncaught exception: notDefined is not defined",
@@ -118,6 +122,8 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
         f"only the image without alt text is a problem:\n{report}"
     )
     assert shot is not None and shot.stat().st_size > 0
+    assert no_shot is None
+    assert sorted(again) == sorted(problems)
 
 
 _BARE_CHAPTER = """<!DOCTYPE html><html><head><title>bare</title></head><body><article>

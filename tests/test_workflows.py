@@ -179,42 +179,24 @@ def test_lint_covers_the_code(monkeypatch):
     assert {"src", "tests", "tools", "benchmarks", "dev.py"} <= set(check) & set(fmt)
 
 
-class _Popen:
-    started: list[list[str]] = []
-
-    def __init__(self, cmd, **kw):
-        _Popen.started.append([str(c) for c in cmd])
-
-    def wait(self):
-        return 0
-
-
-@pytest.mark.parametrize(
-    "rcs, expected", [((0, 0), 0), ((1, 0), 1), ((0, 1), 1), ((5, 0), 5)]
-)
-def test_whole_suite_runs_the_student_notebooks_beside_it(monkeypatch, rcs, expected):
+@pytest.mark.parametrize("rc", [0, 1, 5])
+def test_whole_suite_runs_in_parallel_workers(monkeypatch, rc):
     calls: list[list[str]] = []
-    results = iter(rcs)
 
     def run(cmd, **kw):
         calls.append([str(c) for c in cmd])
-        return subprocess.CompletedProcess(cmd, next(results))
+        return subprocess.CompletedProcess(cmd, rc)
 
     monkeypatch.setattr(dev.subprocess, "run", run)
-    monkeypatch.setattr(dev.subprocess, "Popen", _Popen)
-    _Popen.started = []
     py = Path("/venv/bin/python")
-    assert dev.cmd_test(py, [], dev.build_dir("newest")) == expected
-    assert _Popen.started == [[str(py), "-m", "tools.execute", "--student"]]
-    rest, students = calls
-    assert (
-        rest[-2:] == ["--deselect", dev.STUDENT_TEST]
-        and students[-1] == dev.STUDENT_TEST
-    )
-    assert (
-        dev.STUDENT_TEST.split("::")[1]
-        in (book.ROOT / "tests" / "test_notebooks.py").read_text()
-    )
+    assert dev.cmd_test(py, [], dev.build_dir("newest")) == rc
+    assert calls == [[str(py), "-m", "pytest", "-n", "auto", "--dist", "worksteal"]]
+
+
+def test_xdist_is_a_requirement():
+    """``-n auto`` needs pytest-xdist: the README's setup installs it."""
+    reqs = (book.ROOT / "requirements.txt").read_text().splitlines()
+    assert any(line.startswith("pytest-xdist") for line in reqs)
 
 
 def test_selected_tests_run_alone(monkeypatch):
@@ -224,9 +206,7 @@ def test_selected_tests_run_alone(monkeypatch):
         "run",
         lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0),
     )
-    monkeypatch.setattr(dev.subprocess, "Popen", _Popen)
-    _Popen.started = []
     assert (
         dev.cmd_test(Path("/py"), ["tests/test_book.py"], dev.build_dir("newest")) == 0
     )
-    assert len(calls) == 1 and _Popen.started == []
+    assert len(calls) == 1 and "-n" not in calls[0]

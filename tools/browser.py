@@ -38,7 +38,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -382,9 +381,15 @@ def check_chapter(page, rel: str, context) -> list[str]:
 
 
 def check_page(
-    page, rel: str, url: str, context, screenshot_dir: Path, mathjax_dir: Path | None
+    page,
+    rel: str,
+    url: str,
+    context,
+    screenshot_dir: Path | None,
+    mathjax_dir: Path | None,
 ):
-    """Open one page, screenshot it and run every check on it; return (problems, screenshot)."""
+    """Open one page, run every check on it (and screenshot it when ``screenshot_dir``
+    is given); return (problems, screenshot or None)."""
     page.goto(url, wait_until="load")
     problems = check_images(page) + check_figures(page)
     mathjax_src = page.evaluate(
@@ -392,8 +397,10 @@ def check_page(
     )
     problems += check_math(page, mathjax_src, mathjax_dir is not None)
     problems += check_hidden_collapsed(page)
-    shot = screenshot_dir / (rel.replace("/", "__").removesuffix(".html") + ".png")
-    page.screenshot(path=str(shot), full_page=True)
+    shot = None
+    if screenshot_dir is not None:  # a full-page screenshot costs ~1 s on a long page
+        shot = screenshot_dir / (rel.replace("/", "__").removesuffix(".html") + ".png")
+        page.screenshot(path=str(shot), full_page=True)
     if re.fullmatch(r"chapters/[^/]+\.html", rel):
         problems += check_chapter(page, rel, context)
     return problems, shot
@@ -406,7 +413,7 @@ def is_local(url: str) -> bool:
 
 
 def visit(
-    browser, root: Path, base_url: str, rel: str, screenshot_dir: Path
+    browser, root: Path, base_url: str, rel: str, screenshot_dir: Path | None
 ) -> tuple[list[str], Path | None]:
     """Open ``rel`` (a page of ``root`` served at ``base_url``) and return (problems, screenshot).
 
@@ -493,24 +500,20 @@ def check_build(
     pages = html_pages(html_root)
     if not any(re.fullmatch(r"chapters/[^/]+\.html", p) for p in pages):
         return {"chapters/": [f"no chapter pages (chapters/*.html) under {html_root}"]}
-    folder = screenshots or Path(tempfile.mkdtemp(prefix="beyondgrad-screenshots-"))
-    folder.mkdir(parents=True, exist_ok=True)
+    if screenshots is not None:
+        screenshots.mkdir(parents=True, exist_ok=True)
     found: dict[str, list[str]] = {}
-    try:
-        with serve(html_root) as base_url, sync_playwright() as pw:
-            browser = pw.chromium.launch(
-                executable_path=chromium_executable(), args=CHROMIUM_ARGS, headless=True
-            )
-            try:
-                for rel in pages:
-                    problems, _ = visit(browser, html_root, base_url, rel, folder)
-                    if problems:
-                        found[rel] = problems
-            finally:
-                browser.close()
-    finally:
-        if screenshots is None:
-            shutil.rmtree(folder, ignore_errors=True)
+    with serve(html_root) as base_url, sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=chromium_executable(), args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            for rel in pages:
+                problems, _ = visit(browser, html_root, base_url, rel, screenshots)
+                if problems:
+                    found[rel] = problems
+        finally:
+            browser.close()
     return found
 
 

@@ -29,6 +29,20 @@ def test_cache() -> Path:
     return build_dir() / "test_execute"
 
 
+def _write_atomically(nb, path: Path) -> None:
+    """Write ``nb`` so that a parallel test worker never reads half a file."""
+    import os
+    import tempfile
+
+    import nbformat
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        nbformat.write(nb, f)
+    os.replace(tmp, path)
+
+
 def _newest_input_mtime(source: Path) -> float:
     package = max(
         p.stat().st_mtime for p in (ROOT / "src" / "beyondgrad").rglob("*.py")
@@ -67,8 +81,7 @@ def executed_notebook(source: Path):
     if candidate.exists() and candidate.stat().st_mtime >= newest:
         return nbformat.read(candidate, as_version=4)
     nb, _ = execute(source)
-    cache.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, cache / f"{source.stem}.ipynb")
+    _write_atomically(nb, cache / f"{source.stem}.ipynb")
     return nb
 
 
@@ -95,8 +108,7 @@ def executed_student_notebook(source: Path, timeout: int = 600):
         resources={"metadata": {"path": str(student.parent)}},
     )
     client.execute()
-    candidate.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, candidate)
+    _write_atomically(nb, candidate)
     return nb
 
 
