@@ -182,6 +182,7 @@ _LINEAR = {
     "dynamic_update_slice": (0, 1),
     "scatter-add": (0, 2),
     "scatter_add": (0, 2),
+    "stack": tuple(range(64)),  # every input (newer JAX has a stack primitive)
 }
 #: bilinear primitives: linear in each input when the other one is fixed
 _BILINEAR = {"mul", "dot_general"}
@@ -260,6 +261,36 @@ def _linear_rule(apply: Callable, ins: list, positions: tuple[int, ...]) -> list
     else:
         laps = with_({**zero, **{k: _zeros_if_none(ins[k].lap, vals[k]) for k in dep}})
     return [_Jet(o, j, lp) if _is_float(o) else o for o, j, lp in zip(outs, jacs, laps)]
+
+
+#: summed axes at most this long are summed slice by slice (see :func:`_sum_axes`)
+_UNROLL_SUM = 16
+
+
+def _sum_axes(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """``jnp.sum(x, axes)``, short axes as a sum of their slices (elementwise adds).
+
+    Short reductions (3 coordinates, 10 polynomial terms) are the common case in
+    orbitals; as adds they fuse with their neighbours instead of being a separate
+    reduction over a short innermost axis, which the CPU compiler does slowly.
+    """
+    long_axes = tuple(a for a in axes if x.shape[a] > _UNROLL_SUM)
+    short = sorted((a for a in axes if x.shape[a] <= _UNROLL_SUM), reverse=True)
+    if long_axes:
+        x = jnp.sum(x, axis=long_axes, keepdims=True)
+    for a in short:  # from the last axis, so earlier axis numbers stay valid
+        parts = [
+            jax.lax.index_in_dim(x, k, a, keepdims=False) for k in range(x.shape[a])
+        ]
+        x = functools.reduce(jnp.add, parts) if parts else jnp.sum(x, axis=a)
+    return jnp.squeeze(x, axis=tuple(a - sum(b < a for b in short) for a in long_axes))
+
+
+def _reduce_sum_rule(x: _Jet, axes: tuple[int, ...]) -> list:
+    """``reduce_sum`` is linear: the same sum of each part (jac's axes are shifted by one)."""
+    jac = _sum_axes(x.jac, tuple(a + 1 for a in axes))
+    lap = None if x.lap is None else _sum_axes(x.lap, axes)
+    return [_Jet(_sum_axes(x.val, axes), jac, lap)]
 
 
 def _bilinear_rule(apply: Callable, a: _Jet, b: _Jet) -> list:
@@ -346,6 +377,8 @@ def _forward_laplacian_jaxpr(jaxpr: Any, consts: list, args: list) -> list:
                 (sub.jaxpr, list(sub.consts)) if hasattr(sub, "consts") else (sub, [])
             )
             outs = _forward_laplacian_jaxpr(inner, inner_consts, ins)
+        elif name == "reduce_sum" and _is_float(ins[0].val):
+            outs = _reduce_sum_rule(ins[0], tuple(eqn.params["axes"]))
         elif name in _LINEAR and set(dep) <= set(_LINEAR[name]):
             outs = _linear_rule(apply, ins, _LINEAR[name])
         elif name == "select_n" and 0 not in dep:  # piecewise linear in the cases
