@@ -299,7 +299,7 @@ def _bilinear_rule(apply: Callable, a: _Jet, b: _Jet) -> list:
     jac = jax.vmap(lambda ja, jb: apply([ja, b.val])[0] + apply([a.val, jb])[0])(
         a.jac, b.jac
     )
-    cross = jnp.sum(jax.vmap(lambda ja, jb: apply([ja, jb])[0])(a.jac, b.jac), axis=0)
+    cross = _sum_axes(jax.vmap(lambda ja, jb: apply([ja, jb])[0])(a.jac, b.jac), (0,))
     lap = 2.0 * cross
     if a.lap is not None:
         lap = lap + apply([a.lap, b.val])[0]
@@ -316,7 +316,7 @@ def _unary_rule(apply: Callable, x: _Jet) -> list:
         return jax.jvp(lambda u: apply([u])[0], (v,), (ones,))
 
     (out, d1), (_, d2) = jax.jvp(slope, (x.val,), (ones,))
-    lap = d2 * jnp.sum(x.jac * x.jac, axis=0)
+    lap = d2 * _sum_axes(x.jac * x.jac, (0,))
     if x.lap is not None:
         lap = lap + d1 * x.lap
     return [_Jet(out, d1 * x.jac, lap)]
@@ -349,7 +349,7 @@ def _generic_rule(apply: Callable, ins: list) -> list:
     laps_in = tuple(_zeros_if_none(ins[k].lap, vals[k]) for k in dep)
     _, lin = jax.jvp(f, primals, laps_in)
     return [
-        _Jet(o, j, lp + jnp.sum(s, axis=0)) if fl else o
+        _Jet(o, j, lp + _sum_axes(s, (0,))) if fl else o
         for o, j, s, lp, fl in zip(outs, firsts, seconds, lin, float_out)
     ]
 
