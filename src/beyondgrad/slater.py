@@ -424,6 +424,14 @@ def forward_laplacian(
         raise ValueError(
             f"r must be a 1-D floating-point array, got shape {r.shape}, dtype {r.dtype}"
         )
+    val, jac, lap = _forward_laplacian_rows_first(fn, r)
+    return val, jnp.moveaxis(jac, 0, -1), lap
+
+
+def _forward_laplacian_rows_first(
+    fn: Callable[[jax.Array], jax.Array], r: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`forward_laplacian` with the Jacobian's input axis first: ``(d, *out)``."""
     closed = jax.make_jaxpr(fn)(r)
     if len(closed.jaxpr.outvars) != 1:
         raise ValueError(
@@ -434,8 +442,7 @@ def forward_laplacian(
     )
     if not isinstance(out, _Jet):  # fn does not depend on r
         out = _Jet(out, jnp.zeros((r.shape[0], *jnp.shape(out)), r.dtype), None)
-    lap = _zeros_if_none(out.lap, out.val)
-    return out.val, jnp.moveaxis(out.jac, 0, -1), lap
+    return out.val, out.jac, _zeros_if_none(out.lap, out.val)
 
 
 def orbital_derivatives(
@@ -447,9 +454,17 @@ def orbital_derivatives(
     coordinates. Shapes ``(n, n)``, ``(n, n, 3)``, ``(n, n)``, indexed ``[i, j]`` =
     electron, orbital.
     """
+    phi, dphi, lphi = _orbital_derivatives_rows_first(orbitals, positions)
+    return phi, jnp.moveaxis(dphi, 1, -1), lphi
+
+
+def _orbital_derivatives_rows_first(
+    orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`orbital_derivatives` with the gradient as ``(n, 3, n)`` (electron, coordinate, orbital)."""
     positions = _check_positions(positions)
     _check_orbitals(orbitals, positions)
-    return jax.vmap(lambda r: forward_laplacian(orbitals, r))(positions)
+    return jax.vmap(lambda r: _forward_laplacian_rows_first(orbitals, r))(positions)
 
 
 def orbital_derivatives_fwdfwd(
@@ -495,8 +510,15 @@ def row_formula(
             f"expected shapes (n, n), (n, n, 3), (n, n) as returned by orbital_derivatives, "
             f"got {phi.shape}, {dphi.shape}, {lphi.shape}"
         )
+    return _row_formula_rows_first(phi, jnp.moveaxis(dphi, -1, 1), lphi)
+
+
+def _row_formula_rows_first(
+    phi: jax.Array, dphi: jax.Array, lphi: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`row_formula` with the gradient as ``(n, 3, n)`` (electron, coordinate, orbital)."""
     logdet, b = _logdet_and_inverse(phi)
-    grad = jnp.einsum("ji,ijd->id", b, dphi)
+    grad = jnp.einsum("ji,idj->id", b, dphi)
     lap = jnp.einsum("ji,ij->", b, lphi) - jnp.sum(grad * grad)
     return logdet, grad, lap
 
@@ -518,7 +540,9 @@ def slater_laplacian(
     ``ValueError`` (the check evaluates ``orbitals`` abstractly on one ``(3,)``
     position); for those use ``laplacian.laplacian(..., method="folx")``.
     """
-    return row_formula(*orbital_derivatives(orbitals, positions))
+    return _row_formula_rows_first(
+        *_orbital_derivatives_rows_first(orbitals, positions)
+    )
 
 
 def _logdet_and_inverse(a: jax.Array) -> tuple[jax.Array, jax.Array]:
