@@ -263,8 +263,21 @@ def _every_rule(r):
     return c**2 + jnp.max(c) + jnp.linalg.norm(r) + jnp.tanh(r[jnp.array([2, 0, 1, 2])])
 
 
+def _sums(r):
+    """reduce_sum over short axes (summed slice by slice), long ones (> 16) and both."""
+    t = jnp.sin(jnp.arange(4 * 20 * 3, dtype=r.dtype).reshape(4, 20, 3) * r[0] + r)
+    u = jnp.tanh(t * r[1])
+    return (
+        jnp.sum(u, axis=(1, 2))
+        + jnp.sum(u * t, axis=(0, 2))[:4]
+        + jnp.sum(t, axis=1)[:, 2]
+        + jnp.sum(jnp.stack([u, t], axis=-1) ** 2, axis=(0, 1, 2, 3))
+    )
+
+
 ORBITAL_FUNCTIONS = {
     "gto": _gto,
+    "sums over short and long axes": _sums,
     "plane waves x Jastrow": _plane_waves_jastrow,
     "every rule": _every_rule,
 }

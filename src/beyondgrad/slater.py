@@ -182,6 +182,7 @@ _LINEAR = {
     "dynamic_update_slice": (0, 1),
     "scatter-add": (0, 2),
     "scatter_add": (0, 2),
+    "stack": tuple(range(64)),  # every input (newer JAX has a stack primitive)
 }
 #: bilinear primitives: linear in each input when the other one is fixed
 _BILINEAR = {"mul", "dot_general"}
@@ -262,13 +263,43 @@ def _linear_rule(apply: Callable, ins: list, positions: tuple[int, ...]) -> list
     return [_Jet(o, j, lp) if _is_float(o) else o for o, j, lp in zip(outs, jacs, laps)]
 
 
+#: summed axes at most this long are summed slice by slice (see :func:`_sum_axes`)
+_UNROLL_SUM = 16
+
+
+def _sum_axes(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """``jnp.sum(x, axes)``, short axes as a sum of their slices (elementwise adds).
+
+    Short reductions (3 coordinates, 10 polynomial terms) are the common case in
+    orbitals; as adds they fuse with their neighbours instead of being a separate
+    reduction over a short innermost axis, which the CPU compiler does slowly.
+    """
+    long_axes = tuple(a for a in axes if x.shape[a] > _UNROLL_SUM)
+    short = sorted((a for a in axes if x.shape[a] <= _UNROLL_SUM), reverse=True)
+    if long_axes:
+        x = jnp.sum(x, axis=long_axes, keepdims=True)
+    for a in short:  # from the last axis, so earlier axis numbers stay valid
+        parts = [
+            jax.lax.index_in_dim(x, k, a, keepdims=False) for k in range(x.shape[a])
+        ]
+        x = functools.reduce(jnp.add, parts) if parts else jnp.sum(x, axis=a)
+    return jnp.squeeze(x, axis=tuple(a - sum(b < a for b in short) for a in long_axes))
+
+
+def _reduce_sum_rule(x: _Jet, axes: tuple[int, ...]) -> list:
+    """``reduce_sum`` is linear: the same sum of each part (jac's axes are shifted by one)."""
+    jac = _sum_axes(x.jac, tuple(a + 1 for a in axes))
+    lap = None if x.lap is None else _sum_axes(x.lap, axes)
+    return [_Jet(_sum_axes(x.val, axes), jac, lap)]
+
+
 def _bilinear_rule(apply: Callable, a: _Jet, b: _Jet) -> list:
     """``apply(a, b)`` bilinear, both inputs depending on r: the product rule, twice."""
     (out,) = apply([a.val, b.val])
     jac = jax.vmap(lambda ja, jb: apply([ja, b.val])[0] + apply([a.val, jb])[0])(
         a.jac, b.jac
     )
-    cross = jnp.sum(jax.vmap(lambda ja, jb: apply([ja, jb])[0])(a.jac, b.jac), axis=0)
+    cross = _sum_axes(jax.vmap(lambda ja, jb: apply([ja, jb])[0])(a.jac, b.jac), (0,))
     lap = 2.0 * cross
     if a.lap is not None:
         lap = lap + apply([a.lap, b.val])[0]
@@ -285,7 +316,7 @@ def _unary_rule(apply: Callable, x: _Jet) -> list:
         return jax.jvp(lambda u: apply([u])[0], (v,), (ones,))
 
     (out, d1), (_, d2) = jax.jvp(slope, (x.val,), (ones,))
-    lap = d2 * jnp.sum(x.jac * x.jac, axis=0)
+    lap = d2 * _sum_axes(x.jac * x.jac, (0,))
     if x.lap is not None:
         lap = lap + d1 * x.lap
     return [_Jet(out, d1 * x.jac, lap)]
@@ -318,7 +349,7 @@ def _generic_rule(apply: Callable, ins: list) -> list:
     laps_in = tuple(_zeros_if_none(ins[k].lap, vals[k]) for k in dep)
     _, lin = jax.jvp(f, primals, laps_in)
     return [
-        _Jet(o, j, lp + jnp.sum(s, axis=0)) if fl else o
+        _Jet(o, j, lp + _sum_axes(s, (0,))) if fl else o
         for o, j, s, lp, fl in zip(outs, firsts, seconds, lin, float_out)
     ]
 
@@ -346,6 +377,8 @@ def _forward_laplacian_jaxpr(jaxpr: Any, consts: list, args: list) -> list:
                 (sub.jaxpr, list(sub.consts)) if hasattr(sub, "consts") else (sub, [])
             )
             outs = _forward_laplacian_jaxpr(inner, inner_consts, ins)
+        elif name == "reduce_sum" and _is_float(ins[0].val):
+            outs = _reduce_sum_rule(ins[0], tuple(eqn.params["axes"]))
         elif name in _LINEAR and set(dep) <= set(_LINEAR[name]):
             outs = _linear_rule(apply, ins, _LINEAR[name])
         elif name == "select_n" and 0 not in dep:  # piecewise linear in the cases
@@ -391,6 +424,14 @@ def forward_laplacian(
         raise ValueError(
             f"r must be a 1-D floating-point array, got shape {r.shape}, dtype {r.dtype}"
         )
+    val, jac, lap = _forward_laplacian_rows_first(fn, r)
+    return val, jnp.moveaxis(jac, 0, -1), lap
+
+
+def _forward_laplacian_rows_first(
+    fn: Callable[[jax.Array], jax.Array], r: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`forward_laplacian` with the Jacobian's input axis first: ``(d, *out)``."""
     closed = jax.make_jaxpr(fn)(r)
     if len(closed.jaxpr.outvars) != 1:
         raise ValueError(
@@ -401,8 +442,7 @@ def forward_laplacian(
     )
     if not isinstance(out, _Jet):  # fn does not depend on r
         out = _Jet(out, jnp.zeros((r.shape[0], *jnp.shape(out)), r.dtype), None)
-    lap = _zeros_if_none(out.lap, out.val)
-    return out.val, jnp.moveaxis(out.jac, 0, -1), lap
+    return out.val, out.jac, _zeros_if_none(out.lap, out.val)
 
 
 def orbital_derivatives(
@@ -414,9 +454,17 @@ def orbital_derivatives(
     coordinates. Shapes ``(n, n)``, ``(n, n, 3)``, ``(n, n)``, indexed ``[i, j]`` =
     electron, orbital.
     """
+    phi, dphi, lphi = _orbital_derivatives_rows_first(orbitals, positions)
+    return phi, jnp.moveaxis(dphi, 1, -1), lphi
+
+
+def _orbital_derivatives_rows_first(
+    orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`orbital_derivatives` with the gradient as ``(n, 3, n)`` (electron, coordinate, orbital)."""
     positions = _check_positions(positions)
     _check_orbitals(orbitals, positions)
-    return jax.vmap(lambda r: forward_laplacian(orbitals, r))(positions)
+    return jax.vmap(lambda r: _forward_laplacian_rows_first(orbitals, r))(positions)
 
 
 def orbital_derivatives_fwdfwd(
@@ -462,8 +510,15 @@ def row_formula(
             f"expected shapes (n, n), (n, n, 3), (n, n) as returned by orbital_derivatives, "
             f"got {phi.shape}, {dphi.shape}, {lphi.shape}"
         )
+    return _row_formula_rows_first(phi, jnp.moveaxis(dphi, -1, 1), lphi)
+
+
+def _row_formula_rows_first(
+    phi: jax.Array, dphi: jax.Array, lphi: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`row_formula` with the gradient as ``(n, 3, n)`` (electron, coordinate, orbital)."""
     logdet, b = _logdet_and_inverse(phi)
-    grad = jnp.einsum("ji,ijd->id", b, dphi)
+    grad = jnp.einsum("ji,idj->id", b, dphi)
     lap = jnp.einsum("ji,ij->", b, lphi) - jnp.sum(grad * grad)
     return logdet, grad, lap
 
@@ -485,7 +540,9 @@ def slater_laplacian(
     ``ValueError`` (the check evaluates ``orbitals`` abstractly on one ``(3,)``
     position); for those use ``laplacian.laplacian(..., method="folx")``.
     """
-    return row_formula(*orbital_derivatives(orbitals, positions))
+    return _row_formula_rows_first(
+        *_orbital_derivatives_rows_first(orbitals, positions)
+    )
 
 
 def _logdet_and_inverse(a: jax.Array) -> tuple[jax.Array, jax.Array]:
