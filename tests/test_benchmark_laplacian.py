@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import jax
@@ -20,7 +21,10 @@ def bench():
         "bench_laplacian", ROOT / "benchmarks" / "laplacian.py"
     )
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    before = dict(os.environ)
+    spec.loader.exec_module(module)  # the script sets OPENBLAS_NUM_THREADS for itself
+    os.environ.clear()
+    os.environ.update(before)
     return module
 
 
@@ -97,7 +101,15 @@ def test_benchmark_run_rows_and_record(bench, tmp_path, monkeypatch, capsys):
     for r in rows:
         if r["rel_err"] is not None and not r["method"].startswith("hutchinson"):
             assert r["rel_err"] < 1e-5, r
-    assert "targets are stated at n = 32 and 64" in capsys.readouterr().out
+    (problem,) = record["problems"]
+    assert (problem["family"], problem["n"]) == ("pw-jastrow", 3)
+    assert 1.0 <= problem["cond_median"] <= problem["cond_max"]
+    # only the orbital values rounded to float32: measured ~1e-7 here
+    assert 0.0 < problem["float32_floor"] < 1e-5
+    assert "OPENBLAS_NUM_THREADS=" in record["note"]
+    out = capsys.readouterr().out
+    assert "targets are stated at n = 32 and 64" in out
+    assert "float32 floor" in out
 
 
 def test_hutchinson_row_error_is_the_statistical_error(bench):
