@@ -155,9 +155,12 @@ def test_describe_benchmark_names_command_machine_and_versions():
 
 
 def test_describe_benchmark_adds_the_optional_setup_and_note():
-    data = record(batch=16, repeats=7, dtype="float32", note="shared machine")
+    data = record(
+        batch=16, repeats=7, dtype="float32", duration_s=900.0, note="shared machine"
+    )
     assert figs.describe_benchmark(data).endswith(
-        "recorded 2026-11-22; 16 walkers a batch, 7 repeats, float32\n"
+        "recorded 2026-11-22; 16 walkers a batch, 7 repeats, float32; "
+        "the whole run took 15.0 min\n"
         "note recorded with the results: shared machine"
     )
 

@@ -237,8 +237,8 @@ def benchmark_series(
 def describe_benchmark(data: Mapping[str, Any]) -> str:
     """Where the recorded numbers come from: command, machine, versions and date.
 
-    Optional keys of the record (``batch``, ``repeats``, ``dtype``, ``note``) are
-    appended when present.
+    Optional keys of the record (``batch``, ``repeats``, ``dtype``, ``duration_s``,
+    ``note``) are appended when present.
     """
     d = _check_record(dict(data), "data")
     text = (
@@ -256,6 +256,8 @@ def describe_benchmark(data: Mapping[str, Any]) -> str:
     ]
     if setup:
         text += "; " + ", ".join(s.strip() for s in setup)
+    if d.get("duration_s") is not None:
+        text += f"; the whole run took {d['duration_s'] / 60:.1f} min"
     if d.get("note"):
         text += f"\nnote recorded with the results: {d['note']}"
     return text
