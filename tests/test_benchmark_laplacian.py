@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from beyondgrad import laplacian as L
+from beyondgrad.figures import ch5 as figs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,6 +108,11 @@ def test_benchmark_run_rows_and_record(bench, tmp_path, monkeypatch, capsys):
     # only the orbital values rounded to float32: measured ~1e-7 here
     assert 0.0 < problem["float32_floor"] < 1e-5
     assert "OPENBLAS_NUM_THREADS=" in record["note"]
+    # the chapter reads the written record back through figures.ch5
+    saved = figs.load_benchmark(tmp_path / "laplacian_benchmark.json")
+    (accuracy,) = figs.float32_accuracy(saved, 3)
+    assert accuracy["floor"] == problem["float32_floor"]
+    assert accuracy["least"] <= accuracy["most"] < 1e-5
     out = capsys.readouterr().out
     assert "targets are stated at n = 32 and 64" in out
     assert "float32 floor" in out

@@ -165,6 +165,34 @@ def test_describe_benchmark_adds_the_optional_setup_and_note():
     )
 
 
+def test_float32_accuracy_reads_bounds_and_the_exact_methods_errors():
+    data = record()
+    for r in data["rows"]:  # loop 2e-6, folx 3e-6; log|psi| and Hutchinson don't count
+        r["rel_err"] = 2e-6 if r["method"] == "loop" else 3e-6
+    extra = {"n": 32, "min_ms": 1.0, "median_ms": 1.0, "ratio_log_psi": 1.0}
+    data["rows"] += [
+        {**data["rows"][0], **extra, "method": "log|psi|", "rel_err": None},
+        {**data["rows"][0], **extra, "method": "hutchinson(16)", "rel_err": 0.1},
+    ]
+    data["problems"] = [
+        {"family": "mlp", "n": 32, "cond_median": 4e3, "float32_floor": 1e-6},
+        {"family": "mlp", "n": 8, "cond_median": 50.0, "float32_floor": 1e-8},
+    ]
+    assert figs.float32_accuracy(data, 32) == [
+        {
+            "family": "mlp",
+            "cond_median": 4e3,
+            "floor": 1e-6,
+            "least": 2e-6,
+            "most": 3e-6,
+        }
+    ]
+    with pytest.raises(ValueError, match="no float32 bounds .* at n = 16"):
+        figs.float32_accuracy(data, 16)
+    with pytest.raises(ValueError, match="re-record"):
+        figs.float32_accuracy(record(), 32)  # a record from before the bounds
+
+
 def test_plot_benchmark_one_panel_per_family_one_line_per_method():
     axes = figs.plot_benchmark(record())
     assert [ax.get_title() for ax in axes] == ["gto", "mlp"]

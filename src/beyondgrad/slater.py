@@ -159,7 +159,6 @@ _LINEAR = {
             "squeeze",
             "expand_dims",
             "slice",
-            "reduce_sum",
             "convert_element_type",
             "copy",
             "copy_p",
@@ -182,7 +181,6 @@ _LINEAR = {
     "dynamic_update_slice": (0, 1),
     "scatter-add": (0, 2),
     "scatter_add": (0, 2),
-    "stack": tuple(range(64)),  # every input (newer JAX has a stack primitive)
 }
 #: bilinear primitives: linear in each input when the other one is fixed
 _BILINEAR = {"mul", "dot_general"}
@@ -377,13 +375,13 @@ def _forward_laplacian_jaxpr(jaxpr: Any, consts: list, args: list) -> list:
                 (sub.jaxpr, list(sub.consts)) if hasattr(sub, "consts") else (sub, [])
             )
             outs = _forward_laplacian_jaxpr(inner, inner_consts, ins)
-        elif name == "reduce_sum" and _is_float(ins[0].val):
+        elif name == "reduce_sum":  # linear; short axes summed slice by slice
             outs = _reduce_sum_rule(ins[0], tuple(eqn.params["axes"]))
         elif name in _LINEAR and set(dep) <= set(_LINEAR[name]):
             outs = _linear_rule(apply, ins, _LINEAR[name])
         elif name == "select_n" and 0 not in dep:  # piecewise linear in the cases
             outs = _linear_rule(apply, ins, tuple(range(1, len(ins))))
-        elif name == "concatenate":
+        elif name in ("concatenate", "stack"):  # newer JAX has a stack primitive
             outs = _linear_rule(apply, ins, tuple(range(len(ins))))
         elif name in _BILINEAR and len(dep) == 1:
             outs = _linear_rule(apply, ins, tuple(dep))

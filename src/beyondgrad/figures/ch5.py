@@ -29,6 +29,7 @@ __all__ = [
     "benchmark_series",
     "describe_benchmark",
     "describe_tradeoff",
+    "float32_accuracy",
     "hutchinson_tradeoff",
     "load_benchmark",
     "plot_benchmark",
@@ -261,6 +262,49 @@ def describe_benchmark(data: Mapping[str, Any]) -> str:
     if d.get("note"):
         text += f"\nnote recorded with the results: {d['note']}"
     return text
+
+
+def _is_exact(method: str) -> bool:
+    """Methods that compute the Laplacian exactly (not log|ψ| itself, not Hutchinson)."""
+    return method != "log|psi|" and not method.startswith("hutchinson")
+
+
+def float32_accuracy(data: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
+    """Per orbital family at ``n`` electrons: what bounds float32 accuracy, and the errors.
+
+    Reads the record's ``problems`` (written by ``benchmarks/laplacian.py``): the median
+    condition number of the Slater matrices and the *float32 floor* (the error left when
+    only the orbital values and derivatives are rounded to float32), and the relative
+    errors of the exact methods' rows. Returns one dict per family with ``family``,
+    ``cond_median``, ``floor``, ``least`` and ``most`` (the smallest and largest error
+    of an exact method).
+    """
+    d = _check_record(dict(data), "data")
+    problems = [p for p in d.get("problems", []) if p["n"] == n]
+    if not problems:
+        raise ValueError(
+            f"the record has no float32 bounds ('problems') at n = {n}: re-record it "
+            "with benchmarks/laplacian.py --record"
+        )
+    table = []
+    for p in problems:
+        errs = [
+            r["rel_err"]
+            for r in d["rows"]
+            if r["family"] == p["family"] and r["n"] == n and _is_exact(r["method"])
+        ]
+        if not errs:
+            raise ValueError(f"no exact method's row for {p['family']!r} at n = {n}")
+        table.append(
+            {
+                "family": p["family"],
+                "cond_median": p["cond_median"],
+                "floor": p["float32_floor"],
+                "least": min(errs),
+                "most": max(errs),
+            }
+        )
+    return table
 
 
 def plot_benchmark(
