@@ -174,17 +174,17 @@ def test_config_is_the_single_source_of_the_repository():
 @pytest.mark.parametrize(
     "cell, expected",
     [
-        ("# raises ValueError\nf(1)", "ValueError"),
+        ("%%raises ValueError\nf(1)", "ValueError"),
         (
-            "\n# raises jax.errors.TracerBoolConversionError\njax.jit(f)(1.0)",
+            "\n%%raises jax.errors.TracerBoolConversionError\njax.jit(f)(1.0)",
             "TracerBoolConversionError",
         ),
-        ("#raises KeyError", "KeyError"),
-        ("# raises TypeError  (the shapes differ)\nf()", "TypeError"),
-        ("f(1)\n# raises ValueError", None),  # not the first line
-        ("# raise ValueError\nf(1)", None),
-        ("# raises\nf(1)", None),
-        ("# raises 3Error", None),
+        ("%%raises   KeyError  \n[][1]", "KeyError"),
+        ("f(1)\n%%raises ValueError", None),  # not the first line
+        ("%%raise ValueError\nf(1)", None),
+        ("%%raises\nf(1)", None),
+        ("%%raises 3Error", None),
+        ("# raises ValueError\nf(1)", None),  # the old comment convention is gone
         ("", None),
     ],
 )
@@ -201,6 +201,21 @@ def test_raises_parser_is_the_one_the_tools_use():
             f"{module.__name__} parses '# raises' itself"
         )
     assert tools.execute.expected_exception is book.expected_exception
+    assert tools.execute.raised_exception is book.raised_exception
+
+
+def test_raised_exception_reads_the_magics_report_and_error_outputs():
+    said = {"output_type": "stream", "name": "stderr"}
+    assert book.raised_exception([{**said, "text": "KeyError raised, as expected (…"}])
+    assert (
+        book.raised_exception([{**said, "text": "KeyError raised, as expected (x)"}])
+        == "KeyError"
+    )
+    assert book.raised_exception([{"output_type": "error", "ename": "IndexError"}]) == (
+        "IndexError"
+    )
+    assert book.raised_exception([{**said, "text": "nothing to see"}]) is None
+    assert book.raised_exception([]) is None
 
 
 def test_sync_rewrites_only_the_install_cell(tmp_path):

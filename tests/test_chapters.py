@@ -67,7 +67,7 @@ def test_error_cells_raise_the_named_class(source):
     for cell in error_cells(nb):
         where = f"{source.name}, cell {cell.index}"
         assert cell.expected, (
-            f"{where}: a raises-exception cell must start with '# raises ClassName'"
+            f"{where}: a deliberate-error cell must start with '%%raises ClassName'"
         )
         assert cell.raised == cell.expected, (
             f"{where}: expected {cell.expected}, raised {cell.raised}"
@@ -87,5 +87,5 @@ def test_only_tagged_cells_raise(source):
                 o for o in cell.get("outputs", []) if o.get("output_type") == "error"
             ]
             assert not errors, (
-                f"{source.name}, cell {i} raised {errors[0]['ename']} without the raises-exception tag"
+                f"{source.name}, cell {i} raised {errors[0]['ename']} outside a '%%raises' cell"
             )

@@ -44,8 +44,9 @@ missing (and the ``pip download`` line for it) without running anything.
 
 jupytext, nbclient, nbformat and ipykernel are required (pure-Python wheels): without
 them the script stops and prints the ``pip download`` line that fetches them. Cells
-tagged ``raises-exception`` must raise the class named on their ``# raises ClassName``
-line, checked by the same code as the book's tests (``tools.execute.error_cells``).
+whose first line is ``%%raises ClassName`` must raise exactly that class (the magic
+stops the run otherwise), checked by the same code as the book's tests
+(``tools.execute.error_cells``).
 """
 
 from __future__ import annotations

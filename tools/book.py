@@ -15,24 +15,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ROOT / "chapters"
 COLAB = "https://colab.research.google.com"
-#: The first line of a cell that must fail: ``# raises ClassName`` (a dotted path is
-#: allowed, e.g. ``# raises jax.errors.TracerBoolConversionError``).
-RAISES = re.compile(r"#\s*raises\s+([A-Za-z_][\w.]*)(?:\s.*)?")
+#: The first line of a cell that must fail: the cell magic ``%%raises ClassName``
+#: (``beyondgrad.raises``; a dotted path is allowed, e.g.
+#: ``%%raises jax.errors.TracerBoolConversionError``).
+RAISES = re.compile(r"%%raises\s+([A-Za-z_][\w.]*)\s*")
+#: The first line the magic prints when the cell raised the class it names.
+RAISED_AS_EXPECTED = re.compile(r"([A-Za-z_]\w*) raised, as expected\b")
 #: Environment variable naming the build folder (set by dev.py, one per environment).
 BUILD_DIR_VARIABLE = "BEYONDGRAD_BUILD_DIR"
 
 
 def expected_exception(cell_source: str) -> str | None:
-    """The class a ``raises-exception`` cell names on its first line, or None.
+    """The class a deliberate-error cell names on its first line, or None.
 
-    The one parser of the ``# raises ClassName`` convention (the chapter tests, the
+    The one parser of the ``%%raises ClassName`` convention (the chapter tests, the
     accelerator run and dev.py's chapter command all use it). Returns the bare class
-    name (``TracerBoolConversionError`` for ``# raises jax.errors.TracerBoolConversionError``),
-    which is what an executed cell's error output records as ``ename``.
+    name (``TracerBoolConversionError`` for
+    ``%%raises jax.errors.TracerBoolConversionError``), which is what the magic prints
+    first when the cell raised that class.
     """
     lines = cell_source.strip().splitlines()
     m = RAISES.fullmatch(lines[0].strip()) if lines else None
     return m.group(1).rsplit(".", 1)[-1] if m else None
+
+
+def raised_exception(outputs: list) -> str | None:
+    """The class an executed cell raised: the ``%%raises`` magic's report (on stderr)
+    of an expected error, else the ``ename`` of an error output, else None."""
+    for out in outputs:
+        if out.get("output_type") == "error":
+            return out.get("ename")
+        if out.get("output_type") == "stream":
+            m = RAISED_AS_EXPECTED.match(out.get("text", ""))
+            if m:
+                return m.group(1)
+    return None
 
 
 def build_dir() -> Path:

@@ -1,9 +1,11 @@
 """Execute chapters outside the book build and read their error cells.
 
-Convention for cells that must fail: the cell carries the ``raises-exception`` tag and
-its first line is a comment ``# raises ClassName`` (e.g. ``# raises
-jax.errors.TracerBoolConversionError``). The tests check that the executed cell raised
-exactly that class and that the prose just before the cell names it.
+Convention for cells that must fail: the cell's first line is the cell magic
+``%%raises ClassName`` (``beyondgrad.raises``, e.g. ``%%raises
+jax.errors.TracerBoolConversionError``), which shows the error and lets the notebook go
+on; a cell that raises another class, or nothing, stops the run. The tests check that
+the executed cell raised exactly that class and that the prose just before the cell
+names it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tools.book import (
     cached_execution,
     chapter_sources,
     expected_exception,
+    raised_exception,
     solution_exercises,
     student_path,
 )
@@ -89,7 +92,7 @@ def executed_student_notebook(source: Path, timeout: int = 600):
     """The chapter's student notebook run top to bottom in a fresh kernel, as a class would.
 
     Kept in the build folder until the notebook or the package changes. A cell that
-    raises without the ``raises-exception`` tag stops the run (nbclient's
+    raises (other than an expected error inside a ``%%raises`` cell) stops the run (nbclient's
     ``CellExecutionError``, which names the cell and carries the traceback).
     """
     import nbformat
@@ -115,29 +118,26 @@ def executed_student_notebook(source: Path, timeout: int = 600):
 @dataclass(frozen=True)
 class ErrorCell:
     index: int
-    expected: str | None  # class named in the "# raises X" comment
-    raised: str | None  # ename of the error output, None if the cell did not raise
+    expected: str | None  # class named on the "%%raises X" first line
+    raised: str | None  # class the cell raised (tools.book.raised_exception), or None
     prose: str  # the markdown just before the cell
 
 
 def error_cells(nb) -> list[ErrorCell]:
-    """Every code cell tagged ``raises-exception``, with what it should and did raise."""
+    """Every ``%%raises`` code cell, with what it should and did raise."""
     found = []
     prose = ""
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
             prose = cell.source
             continue
-        if cell.cell_type != "code" or "raises-exception" not in cell.metadata.get(
-            "tags", []
-        ):
+        if cell.cell_type != "code" or expected_exception(cell.source) is None:
             continue
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         found.append(
             ErrorCell(
                 index=i,
                 expected=expected_exception(cell.source),
-                raised=errors[0]["ename"] if errors else None,
+                raised=raised_exception(cell.get("outputs", [])),
                 prose=prose,
             )
         )
@@ -195,7 +195,7 @@ def main(paths: list[str]) -> int:
         )
         for c in bad:
             print(
-                f"   cell {c.index}: expected {c.expected} (add '# raises X' first line), raised {c.raised}"
+                f"   cell {c.index}: expected {c.expected} (first line '%%raises X'), raised {c.raised}"
             )
         worst = max(worst, 1 if bad else 0)
     return worst

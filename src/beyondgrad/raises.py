@@ -1,0 +1,210 @@
+"""Cells that must fail: show the error, check its class, and let *Run all* go on.
+
+A chapter shows many errors on purpose. A plain failing cell stops *Run all* on Colab
+and in Jupyter at the first of them, so each deliberate-error cell starts with the cell
+magic this module defines::
+
+    %%raises jax.errors.TracerBoolConversionError
+    jax.jit(f)(1.0)
+
+The magic runs the rest of the cell in the notebook's namespace and then
+
+* if the cell raised exactly the named class: prints the error (class, message and the
+  frames of the reader's own code, i.e. notebook cells and ``beyondgrad``, with JAX's
+  internal frames left out) and returns, so the next cell runs;
+* if it raised another class: lets that exception propagate unchanged, so the notebook
+  (and the book build, which allows no errors) stops there with the real traceback;
+* if it raised nothing: raises :class:`ExpectedErrorMissing`, which stops it too.
+
+Load it once per notebook with ``%load_ext beyondgrad.raises``. Outside IPython the same
+check is the context manager :func:`expect_error`. Importing this module has no side
+effects; only ``load_ipython_extension`` registers the magic.
+"""
+
+from __future__ import annotations
+
+import builtins
+import linecache
+import os
+import re
+import sys
+import textwrap
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO, Any
+
+__all__ = [
+    "ExpectedErrorMissing",
+    "expect_error",
+    "format_error",
+    "load_ipython_extension",
+    "resolve_exception",
+]
+
+#: Width of the printed message: the book's content column fits about 78 characters.
+WIDTH = 78
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+#: Names that IPython and ipykernel give cells in messages (machine-specific paths).
+_CELL_FILE = re.compile(r"/tmp/ipykernel_\d+/\d+\.py|<ipython-input-[\w-]+>")
+
+
+class ExpectedErrorMissing(AssertionError):
+    """A cell that should have raised an exception finished without one."""
+
+
+def resolve_exception(name: str, namespace: dict[str, Any]) -> type[BaseException]:
+    """The exception class that ``name`` (``TypeError``, ``jax.errors.X``) names.
+
+    The first dotted part is looked up in ``namespace`` (the notebook's variables), then
+    among the builtins; the rest are attributes.
+
+    Raises:
+        ValueError: ``name`` does not name an exception class; the message says which
+            part was not found.
+    """
+    parts = name.strip().split(".")
+    if not name.strip() or not all(p.isidentifier() for p in parts):
+        raise ValueError(
+            f"%%raises needs an exception class, e.g. '%%raises TypeError' or "
+            f"'%%raises jax.errors.ConcretizationTypeError'; got {name!r}"
+        )
+    head, *rest = parts
+    if head in namespace:
+        obj = namespace[head]
+    elif hasattr(builtins, head):
+        obj = getattr(builtins, head)
+    else:
+        raise ValueError(
+            f"%%raises {name}: {head!r} is not defined here; import it first "
+            f"(e.g. 'import jax') or use the full dotted name"
+        )
+    for i, attr in enumerate(rest):
+        if not hasattr(obj, attr):
+            where = ".".join(parts[: i + 1])
+            raise ValueError(f"%%raises {name}: {where} has no attribute {attr!r}")
+        obj = getattr(obj, attr)
+    if not (isinstance(obj, type) and issubclass(obj, BaseException)):
+        raise ValueError(f"%%raises {name}: {obj!r} is not an exception class")
+    return obj
+
+
+def _is_readers_frame(filename: str) -> bool:
+    """A notebook cell (no file on disk) or this package's own code."""
+    if filename.startswith("<") and filename.endswith(">"):
+        return not filename.startswith("<frozen")
+    if not os.path.exists(filename):  # ipykernel's cell "files" exist only in linecache
+        return True
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep)
+
+
+def _frame_label(filename: str) -> str:
+    if os.path.exists(filename):
+        return "beyondgrad/" + os.path.relpath(filename, _PACKAGE_DIR)
+    return "cell"
+
+
+def _wrap(text: str) -> str:
+    lines = []
+    for line in text.splitlines() or [""]:
+        lines.extend(
+            textwrap.wrap(
+                line,
+                WIDTH,
+                subsequent_indent="  " if line[:1] not in (" ", "") else "",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            or [""]
+        )
+    return "\n".join(lines)
+
+
+def format_error(error: BaseException, *, expected: str | None = None) -> str:
+    """The error as the reader should see it: frames of their own code, then the message.
+
+    JAX's internal frames (and IPython's, and this module's) are left out; each kept
+    frame shows where it is (``cell`` or ``beyondgrad/<module>.py``), the function and
+    the line. The message is wrapped at :data:`WIDTH` characters.
+    """
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if _is_readers_frame(f.filename)
+        and os.path.abspath(f.filename) != os.path.abspath(__file__)
+    ]
+    cls = type(error)
+    qualname = cls.__name__ if cls.__module__ == "builtins" else cls.__qualname__
+    head = f"{qualname} raised, as expected" if expected else f"{qualname} raised"
+    out = [head + " (the next cells still run).", "Your code's frames, innermost last:"]
+    for f in frames:
+        line = (f.line or linecache.getline(f.filename, f.lineno or 0)).strip()
+        where = f"  {_frame_label(f.filename)}, line {f.lineno}, in {f.name}"
+        out.append(where)
+        if line:
+            out.append("    " + textwrap.shorten(line, WIDTH - 4, placeholder=" ..."))
+    if not frames:
+        out.append("  (none: the error was raised inside JAX)")
+    module = cls.__module__
+    full = expected or (qualname if module == "builtins" else f"{module}.{qualname}")
+    out.append(_wrap(_CELL_FILE.sub("<cell>", f"{full}: {error}")))
+    return "\n".join(out)
+
+
+@contextmanager
+def expect_error(
+    exception: type[BaseException],
+    *,
+    name: str | None = None,
+    stream: IO[str] | None = None,
+) -> Iterator[None]:
+    """Run the ``with`` body, which must raise exactly ``exception``.
+
+    The expected error is printed (:func:`format_error`) to ``stream`` (default
+    ``sys.stderr``) and swallowed, under ``name`` (default: the class's module and
+    qualified name); any other exception propagates unchanged; no
+    exception raises :class:`ExpectedErrorMissing`. A subclass of ``exception`` counts as
+    another class: the book pins the class each lesson shows.
+
+    Raises:
+        TypeError: ``exception`` is not an exception class.
+        ExpectedErrorMissing: the body raised nothing.
+    """
+    if not (isinstance(exception, type) and issubclass(exception, BaseException)):
+        raise TypeError(
+            f"expect_error needs an exception class such as TypeError, "
+            f"got {exception!r}"
+        )
+    name = name or f"{exception.__module__}.{exception.__qualname__}"
+    try:
+        yield
+    except BaseException as error:  # noqa: BLE001 (re-raised unless it is the one)
+        if type(error) is not exception:
+            raise
+        print(format_error(error, expected=name), file=stream or sys.stderr)
+        return
+    raise ExpectedErrorMissing(
+        f"this cell should raise {name}, but it finished without an error: the "
+        "behaviour it demonstrates has changed (check the JAX version and the text)"
+    )
+
+
+def _raises_magic(shell: Any, line: str, cell: str) -> None:
+    exception = resolve_exception(line, shell.user_ns)
+    # Compile like IPython does, so the cell's frames show its own lines.
+    source = shell.transform_cell(cell)
+    filename = shell.compile.cache(source, shell.execution_count)
+    code = compile(source, filename, "exec")
+    with expect_error(exception, name=line.strip()):
+        exec(code, shell.user_global_ns, shell.user_ns)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext beyondgrad.raises``: register the ``%%raises`` cell magic."""
+
+    def raises(line: str, cell: str) -> None:
+        """%%raises ClassName: the cell must raise exactly that class; show the error
+        and go on (see ``beyondgrad.raises``)."""
+        _raises_magic(ipython, line, cell)
+
+    ipython.register_magic_function(raises, magic_kind="cell", magic_name="raises")
