@@ -36,23 +36,21 @@ sys.path.insert(0, str(ROOT / "src"))  # the probes module is stdlib-only at imp
 from beyondgrad.drift.probes import FOLX_OLD, FOLX_OLD_ENV  # noqa: E402
 
 #: The JAX versions of the report and the Python each runs on: THE list, kept here only.
-#: 0.5.3: before the varying types (jax#28260 "worked on 0.5.3"); 0.6.0: they arrive,
-#: with pvary; 0.7.0/0.7.1: jax.shard_map, the seed's report; 0.8.1: last with
-#: jax#33947; 0.8.2: the book's floor (pcast); 0.9.2; 0.10.2: pvary gone,
-#: manual_axis_type; 0.11.2 and 0.12.0.1 (newest) need Python 3.12.
+#: Every release from 0.5.3 (before the varying types: jax#28260 "worked on 0.5.3") to
+#: the newest, so that each version boundary the book states is exact: the first
+#: release with the new behaviour, not the first one recorded. 0.8.2 is the book's
+#: floor; 0.11.0 and later need Python 3.12.
 VERSIONS: dict[str, str] = {
-    "0.5.3": "3.11.7",
-    "0.6.0": "3.11.7",
-    "0.6.2": "3.11.7",
-    "0.7.0": "3.11.7",
-    "0.7.1": "3.11.7",
-    "0.8.1": "3.11.7",
-    "0.8.2": "3.11.7",
-    "0.9.2": "3.11.7",
-    "0.10.2": "3.11.7",
-    "0.11.2": "3.12.1",
-    "0.12.0.1": "3.12.1",
-}
+    v: ("3.12.1" if v.startswith(("0.11.", "0.12.")) else "3.11.7")
+    for v in (
+        "0.5.3", "0.6.0", "0.6.1", "0.6.2", "0.7.0", "0.7.1", "0.7.2",
+        "0.8.0", "0.8.1", "0.8.2", "0.8.3",
+        "0.9.0", "0.9.0.1", "0.9.1", "0.9.2",
+        "0.10.0", "0.10.1", "0.10.2",
+        "0.11.0", "0.11.1", "0.11.2",
+        "0.12.0", "0.12.0.1",
+    )
+}  # fmt: skip
 DEFAULT_PYTHON = "3.11.7"
 PROBE_TIMEOUT_S = 120.0
 _lock = threading.Lock()
