@@ -52,8 +52,12 @@ def chapter() -> dict:
     for cell in cells:
         # drop the cell's options: ":key: value" lines or a YAML block between "---"
         cell = re.sub(r"\A---\n.*?\n---\n", "", cell, flags=re.S)
-        source = "\n".join(
-            line for line in cell.splitlines() if not line.startswith(":")
+        if cell.startswith("%%"):  # a cell magic (%%raises): not a definition
+            continue
+        source = "\n".join(  # drop options and line magics (%load_ext)
+            line
+            for line in cell.splitlines()
+            if not line.startswith((":", "%"))
         )
         for node in ast.parse(source).body:
             if isinstance(node, ast.FunctionDef) and node.name in NAMES:
