@@ -270,6 +270,12 @@ assert 1 + 1 == 2, "build-only"
 ```
 
 ```{code-cell} ipython3
+:tags: [remove-cell]
+
+from math import pi
+```
+
+```{code-cell} ipython3
 ---
 mystnb:
   figure:
@@ -325,6 +331,8 @@ def test_notebooks_render_myst_as_markdown(myst_demo):
         assert book.raw_myst(nb) == []
         texts = [(c["cell_type"], _source(c)) for c in nb["cells"]]
         assert not [t for _, t in texts if "build-only" in t or "glue(" in t]
+        (kept,) = [c for c in nb["cells"] if _source(c) == "from math import pi"]
+        assert "tags" not in kept["metadata"]  # hidden import: later cells may use it
         prose = texts[0][1]
         assert prose.startswith("# 9. Demo\n\n## Where it starts\n\nA [tracer]")
         assert f"[tracer]({base}glossary.html#term-tracer)" in prose

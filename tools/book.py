@@ -102,14 +102,15 @@ def colab_install_cell() -> str:
     """The first code cell of every chapter (generated; a test keeps chapters in sync).
 
     ``python3 dev.py sync`` writes it into each chapter's source (:func:`sync_install_cell`).
-    Every line fits 88 columns, like every other code line of the book.
+    Every line fits 78 columns, like every other code line on the book's pages.
     """
     url, branch = repository()
-    return f"""# On Colab: install the book's helper package. Colab's own JAX stays as it is:
-# every installed jax* package is pinned with a pip constraint. Elsewhere this cell
-# does nothing.
+    return f"""# On Colab: install the book's helper package. Colab's own JAX stays as
+# it is: every installed jax* package is pinned with a pip constraint.
+# Elsewhere this cell does nothing.
 import importlib.metadata, importlib.util, subprocess, sys
-if "google.colab" in sys.modules and importlib.util.find_spec("beyondgrad") is None:
+on_colab = "google.colab" in sys.modules
+if on_colab and importlib.util.find_spec("beyondgrad") is None:
     keep = sorted({{
         f"{{d.metadata['Name']}}=={{d.version}}"
         for d in importlib.metadata.distributions()
@@ -313,7 +314,8 @@ def _as_json(nb) -> dict:
 #   ``{math}`` becomes ``$...$``;
 # * admonitions become block quotes with a bold title, ``{figure}`` an image,
 #   ``{math}`` blocks ``$$ ... $$``, code blocks fenced code, label lines disappear;
-# * code cells tagged ``remove-cell`` (build-only: glue, build asserts) are left out.
+# * code cells tagged ``remove-cell`` (build-only: glue, build asserts) are left out,
+#   except a cell that only imports (a later cell may use the name).
 
 REMOVE_TAG = "remove-cell"
 #: MyST left raw: a role (``{name}`text```) or a directive fence (```{name}``, :::{name}).
@@ -392,6 +394,8 @@ def code_digest(source: Path) -> str:
     import jupytext
 
     code = [c.source for c in jupytext.read(source).cells if c.cell_type == "code"]
+    if code and "google.colab" in code[0]:
+        code = code[1:]  # the generated install cell glues nothing
     return hashlib.sha256(json.dumps(code).encode()).hexdigest()[:16]
 
 
@@ -647,15 +651,32 @@ def links_for(source: Path, nb) -> Links:
     return Links(Path(source), _labels(), _glossary_terms(), _figure_numbers(nb))
 
 
+def only_imports(code: str) -> bool:
+    """Whether a code cell only imports (kept in the notebooks even when hidden from
+    the page: later cells may use what it imports)."""
+    import ast
+
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return False
+    return bool(body) and all(isinstance(n, ast.Import | ast.ImportFrom) for n in body)
+
+
 def for_readers(nb, source: Path):
-    """The chapter notebook ``nb`` as its readers get it: build-only cells left out,
-    markdown rendered (:func:`reader_markdown`) with the recorded glued values."""
+    """The chapter notebook ``nb`` as its readers get it: build-only cells (tagged
+    ``remove-cell``, unless they only import) left out, markdown rendered (:func:`reader_markdown`) with the recorded glued values."""
     links = links_for(source, nb)
     glue = recorded_glue(source)["values"]
     cells = []
     for cell in nb.cells:
-        if REMOVE_TAG in cell.metadata.get("tags", []):
+        tags = cell.metadata.get("tags", [])
+        if REMOVE_TAG in tags and not only_imports(cell.source):
             continue
+        if REMOVE_TAG in tags:  # an import: later cells may use what it imports
+            cell.metadata["tags"] = [t for t in tags if t != REMOVE_TAG]
+            if not cell.metadata["tags"]:
+                del cell.metadata["tags"]
         if cell.cell_type == "markdown":
             cell.source = reader_markdown(cell.source, links, glue)
             if not cell.source.strip():
