@@ -241,7 +241,7 @@ def test_sync_rewrites_only_the_install_cell(tmp_path):
 
 
 def test_install_cell_fits_the_page():
-    assert max(len(line) for line in book.colab_install_cell().splitlines()) <= 88
+    assert max(len(line) for line in book.colab_install_cell().splitlines()) <= 78
 
 
 # --------------------------------------------------------------------------- glossary

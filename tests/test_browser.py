@@ -85,7 +85,10 @@ _BROKEN_PAGE = """<!DOCTYPE html><html><head><title>broken</title></head><body><
 <div class="cell_output"><figure><div class="output text_plain"><pre>&lt;Figure size 640x480 with 1 Axes&gt;</pre></div>
 <figcaption>Fig. 1 A plot that never became an image.</figcaption></figure></div>
 <script>notDefined();</script>
-</article></body></html>"""
+<div class="cell_output"><div class="output stream"><pre>{wide}</pre></div></div>
+<table><tr><td style="white-space: nowrap">{wide}</td></tr></table>
+<pre style="overflow-x: auto">{narrow}</pre>
+</article></body></html>""".replace("{wide}", "w" * 300).replace("{narrow}", "n" * 40)
 
 
 @pytest.mark.timeout(120)
@@ -110,6 +113,8 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
         "hide-input cell starting 'Show code cell source' is expanded on load",
         "figure without an image: Fig. 1 A plot that never became an image.",
         "a matplotlib figure is shown as text <Figure size 640x480 with 1 Axes>",
+        "cell output scrolls sideways (",
+        "table scrolls sideways (",
     ]
     for text in expected:
         assert text in report, f"the checks missed {text!r}; they reported:\n{report}"
@@ -121,6 +126,8 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
     assert sum("pixel.png" in p for p in problems) == 1, (
         f"only the image without alt text is a problem:\n{report}"
     )
+    assert sum("scrolls sideways" in p for p in problems) == 2, report  # not the narrow
+    assert "nnnn" not in report
     assert shot is not None and shot.stat().st_size > 0
     assert no_shot is None
     assert sorted(again) == sorted(problems)
@@ -196,3 +203,32 @@ def test_book_command_runs_the_browser_checks_after_a_good_build(
         assert (
             checks == []
         )  # a failed build is reported as such, not checked in a browser
+
+
+def test_notebook_links_are_checked_against_the_build(tmp_path):
+    """Each link of a generated notebook into the online book must find its page's
+    anchor in the build; pages the build lacks are not checked."""
+    import json
+
+    base = book.html_base_url()
+    links = {}
+    for source in book.chapter_sources():
+        for cell in json.loads(source.with_suffix(".ipynb").read_text())["cells"]:
+            for m in browser_checks._MD_LINK.finditer("".join(cell["source"])):
+                if m["url"].startswith(base + "glossary.html#"):
+                    links[m["url"]] = m["url"].partition("#")[2]
+    if not links:
+        pytest.skip("no notebook links to the glossary")
+    (tmp_path / "glossary.html").write_text(
+        "".join(f'<dt id="{a}">x</dt>' for a in list(links.values())[1:])
+    )
+    found = browser_checks.notebook_link_problems(tmp_path)
+    missing = list(links)[0]
+    assert found and all(
+        set(problems) == {f"{missing}: no id {links[missing]!r} on glossary.html"}
+        for problems in found.values()
+    ), found
+    (tmp_path / "glossary.html").write_text(
+        "".join(f'<dt id="{a}">x</dt>' for a in links.values())
+    )
+    assert browser_checks.notebook_link_problems(tmp_path) == {}

@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 
 from tools import book
-from tools.execute import executed_student_notebook
+from tools.execute import (
+    RunAllStopped,
+    executed_notebook,
+    executed_student_notebook,
+    run_all,
+    run_all_cached,
+)
 
 SOURCES = book.chapter_sources()
 IDS = [s.stem for s in SOURCES]
@@ -85,6 +91,7 @@ def demo(tmp_path, monkeypatch) -> Path:
     source = tmp_path / "chapters" / "99_demo.md"
     source.write_text(_DEMO)
     monkeypatch.setattr(book, "ROOT", tmp_path)
+    monkeypatch.setattr(book, "CHAPTERS", tmp_path / "chapters")
     monkeypatch.setattr(book, "STUDENT_DIR", tmp_path / "notebooks" / "student")
     return source
 
@@ -124,8 +131,7 @@ def test_student_notebook_points_to_the_book_instead(demo):
     assert "jupytext" not in nb["metadata"]  # no pairing back to the chapter's source
 
 
-def test_sync_writes_both_sets_and_pairing_sees_drift(demo, monkeypatch):
-    monkeypatch.setattr(book, "CHAPTERS", demo.parent)
+def test_sync_writes_both_sets_and_pairing_sees_drift(demo):
     written = book.sync()
     assert sorted(p.relative_to(book.ROOT).as_posix() for p in written) == [
         "chapters/99_demo.ipynb",
@@ -207,17 +213,28 @@ def test_committed_student_notebook_has_no_solution(source):
     assert len(pointers) == len(_solutions(source))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("source", SOURCES, ids=IDS)
-def test_student_notebook_runs_and_reports_not_attempted(source):
+def test_student_notebook_runs_all_and_reports_not_attempted(source):
+    """The student notebook, run as Colab's Run all does (no exercise solved), reaches
+    its last cell, and every checker says its exercise is not attempted yet."""
     exercises = _solutions(source)
     if not exercises:
+        # the same code cells as the self-study notebook, whose Run all is tested
+        code = [
+            [
+                _source(c)
+                for c in json.loads(p.read_text())["cells"]
+                if c["cell_type"] == "code"
+            ]
+            for p in (source.with_suffix(".ipynb"), book.student_path(source))
+        ]
+        assert code[0] == code[1]
         pytest.skip(
-            f"{source.name} has no solution cells: its student notebook is the chapter"
+            f"{source.name} has no solutions: its student notebook is the chapter"
         )
-    nb = executed_student_notebook(
-        source
-    )  # raises CellExecutionError on an untagged error
+    nb = executed_student_notebook(source)  # RunAllStopped names the cell that raised
+    assert all(c.get("execution_count") for c in nb.cells if c.cell_type == "code")
     text = "\n".join(
         o.get("text", "") + "".join(o.get("data", {}).get("text/plain", ""))
         for c in nb.cells
@@ -230,3 +247,229 @@ def test_student_notebook_runs_and_reports_not_attempted(source):
         assert re.search(said, text), (
             f"{book.student_path(source).name}: no checker printed 'Exercise {exercise}: not attempted yet'"
         )
+
+
+# --------------------------------------------------------------------------- for readers
+
+_MYST = (
+    _HEADER
+    + """# 9. Demo
+
+(demo-start)=
+## Where it starts
+
+A {term}`tracer` and a {term}`primal point <primal>`; see {ref}`demo-start`, and
+{ref}`this section <demo-start>`, and {numref}`fig-demo`. Ratio
+{glue:text}`ratio:.2f`, count {glue}`count`, text {glue:text}`label`, math {math}`x^2`.
+
+```{code-cell} ipython3
+:tags: [remove-cell]
+
+glue("ratio", 3.14159)
+assert 1 + 1 == 2, "build-only"
+```
+
+```{code-cell} ipython3
+:tags: [remove-cell]
+
+from math import pi
+```
+
+```{code-cell} ipython3
+---
+mystnb:
+  figure:
+    caption: A demo figure.
+    name: fig-demo
+---
+print("a figure")
+```
+
+```{note}
+A note with a {term}`tracer`.
+```
+
+:::{admonition} Careful
+:class: warning
+Nested:
+```{tip}
+Inner tip.
+```
+:::
+
+```python
+# a fenced code block is left as it is
+(not-a-label)=
+```
+"""
+)
+
+_GLOSSARY = (
+    "# Glossary\n\n```{glossary}\ntracer\n  A stand-in.\n\nprimal\n  A point.\n```\n"
+)
+
+
+@pytest.fixture
+def myst_demo(demo):
+    demo.write_text(_MYST)
+    (book.ROOT / "glossary.md").write_text(_GLOSSARY)
+    book.glue_path(demo).parent.mkdir(parents=True)
+    values = {
+        "ratio": {"text/plain": "3.14159"},
+        "count": {"text/plain": "7"},
+        "label": {"text/plain": "'float32[3]'"},
+    }
+    record = {"code": book.code_digest(demo), "run": "test", "values": values}
+    book.glue_path(demo).write_text(json.dumps(record))
+    return demo
+
+
+def test_notebooks_render_myst_as_markdown(myst_demo):
+    base = "https://beyond-grad.github.io/beyond-grad/"
+    page = base + "chapters/99_demo.html"
+    for nb in (book.md_to_notebook(myst_demo), book.student_notebook(myst_demo)):
+        assert book.raw_myst(nb) == []
+        texts = [(c["cell_type"], _source(c)) for c in nb["cells"]]
+        assert not [t for _, t in texts if "build-only" in t or "glue(" in t]
+        (kept,) = [c for c in nb["cells"] if _source(c) == "from math import pi"]
+        assert "tags" not in kept["metadata"]  # hidden import: later cells may use it
+        prose = texts[0][1]
+        assert prose.startswith("# 9. Demo\n\n## Where it starts\n\nA [tracer]")
+        assert f"[tracer]({base}glossary.html#term-tracer)" in prose
+        assert f"[primal point]({base}glossary.html#term-primal)" in prose
+        assert f"see [Where it starts]({page}#demo-start)" in prose
+        assert f"[this section]({page}#demo-start)" in prose
+        assert f"[Fig. 1]({page}#fig-demo)" in prose
+        assert "Ratio\n3.14, count 7, text float32[3], math $x^2$." in prose
+        shown = "\n".join(t for kind, t in texts if kind == "markdown")
+        assert f"> **Note**\n>\n> A note with a [tracer]({base}" in shown
+        assert "> **Careful**\n>\n> Nested:\n> > **Tip**\n> >\n> > Inner tip." in shown
+        assert (
+            "```python\n# a fenced code block is left as it is\n(not-a-label)=\n```"
+            in (shown)
+        )
+
+
+def test_a_missing_glued_value_names_the_fix(myst_demo):
+    record = json.loads(book.glue_path(myst_demo).read_text())
+    del record["values"]["count"]
+    book.glue_path(myst_demo).write_text(json.dumps(record))
+    with pytest.raises(book.GlueMissing, match=r"'count'.*run `python3 dev.py sync`"):
+        book.md_to_notebook(myst_demo)
+    assert book.glue_record_problems(myst_demo) == [
+        "notebooks/glue/99_demo.json has no value for ['count']: "
+        "run `python3 dev.py sync`"
+    ]
+    myst_demo.write_text(_MYST.replace('print("a figure")', 'print("changed")'))
+    assert "recorded from other code" in book.glue_record_problems(myst_demo)[-1]
+
+
+def test_raw_myst_is_found():
+    cells = [
+        {"cell_type": "markdown", "source": "fine $x$ and `code` {not a role}"},
+        {"cell_type": "markdown", "source": "a {term}`tracer` left"},
+        {"cell_type": "markdown", "source": ["```{note}\n", "x\n", "```"]},
+        {"cell_type": "markdown", "source": ":::{admonition} x\ny\n:::"},
+        {"cell_type": "markdown", "source": "(a-label)=\n# Title"},
+        {"cell_type": "code", "source": "{glue}`x`"},
+    ]
+    found = book.raw_myst({"cells": cells})
+    assert [f.split(":")[0] for f in found] == ["cell 1", "cell 2", "cell 3", "cell 4"]
+
+
+def test_glued_outputs_are_read_from_an_executed_notebook():
+    shown = {"output_type": "display_data", "data": {"text/plain": "3.5"}}
+    hidden = {
+        "output_type": "display_data",
+        "data": {"application/papermill.record/text/plain": "'a'"},
+        "metadata": {
+            "scrapbook": {"name": "b", "mime_prefix": "application/papermill.record/"}
+        },
+    }
+    cells = [
+        {"cell_type": "markdown", "source": ""},
+        {
+            "cell_type": "code",
+            "outputs": [{**shown, "metadata": {"scrapbook": {"name": "a"}}}],
+        },
+        {"cell_type": "code", "outputs": [hidden, {"output_type": "stream"}]},
+    ]
+    assert book.glued_outputs({"cells": cells}) == {
+        "a": {"text/plain": "3.5"},
+        "b": {"text/plain": "'a'"},
+    }
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=IDS)
+def test_generated_notebooks_carry_no_raw_myst_and_no_build_cells(source):
+    for path in (source.with_suffix(".ipynb"), book.student_path(source)):
+        nb = json.loads(path.read_text())
+        raw = book.raw_myst(nb)
+        assert not raw, f"{path.name}: MyST left raw:\n" + "\n".join(raw)
+        removed = [
+            i
+            for i, c in enumerate(nb["cells"])
+            if book.REMOVE_TAG in c.get("metadata", {}).get("tags", [])
+        ]
+        assert not removed, f"{path.name}: build-only cells {removed} in a notebook"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=IDS)
+def test_glue_record_fits_the_chapter(source):
+    assert book.glue_record_problems(source) == []
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("source", SOURCES, ids=IDS)
+def test_glued_names_are_glued_by_the_executed_chapter(source):
+    """Every value the notebooks substitute is one the chapter's run glues (names only:
+    the values are measurements of one run)."""
+    names = book.glue_names(source)
+    if not names:
+        pytest.skip(f"{source.name} glues nothing")
+    glued = book.glued_outputs(executed_notebook(source))
+    assert not [n for n in names if n not in glued]
+
+
+# --------------------------------------------------------------------------- Run all
+
+_RUN_ALL = (
+    _HEADER
+    + """# 9. Run all
+
+```{code-cell} ipython3
+x = 1
+```
+
+```{code-cell} ipython3
+:tags: [raises-exception]
+
+{}[x]
+```
+
+```{code-cell} ipython3
+print("never reached")
+```
+"""
+)
+
+
+def test_run_all_stops_at_the_first_error_despite_the_tag(tmp_path):
+    import jupytext
+
+    path = tmp_path / "stops.ipynb"
+    jupytext.write(jupytext.reads(_RUN_ALL, fmt="md:myst"), path)
+    with pytest.raises(RunAllStopped) as stopped:
+        run_all(path, timeout=120)
+    said = str(stopped.value)
+    assert said.startswith("stops.ipynb: Run all stopped at cell 2 (code cell 2 of 3)")
+    assert "KeyError: 1" in said and "{}[x]" in said
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("source", SOURCES, ids=IDS)
+def test_self_study_notebook_runs_all_to_the_last_cell(source):
+    """The notebook the launch button opens, run as Colab's Run all does."""
+    nb = run_all_cached(source.with_suffix(".ipynb"))
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.get("execution_count") for c in code)

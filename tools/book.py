@@ -10,6 +10,7 @@ import json
 import os
 import re
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,14 +102,15 @@ def colab_install_cell() -> str:
     """The first code cell of every chapter (generated; a test keeps chapters in sync).
 
     ``python3 dev.py sync`` writes it into each chapter's source (:func:`sync_install_cell`).
-    Every line fits 88 columns, like every other code line of the book.
+    Every line fits 78 columns, like every other code line on the book's pages.
     """
     url, branch = repository()
-    return f"""# On Colab: install the book's helper package. Colab's own JAX stays as it is:
-# every installed jax* package is pinned with a pip constraint. Elsewhere this cell
-# does nothing.
+    return f"""# On Colab: install the book's helper package. Colab's own JAX stays as
+# it is: every installed jax* package is pinned with a pip constraint.
+# Elsewhere this cell does nothing.
 import importlib.metadata, importlib.util, subprocess, sys
-if "google.colab" in sys.modules and importlib.util.find_spec("beyondgrad") is None:
+on_colab = "google.colab" in sys.modules
+if on_colab and importlib.util.find_spec("beyondgrad") is None:
     keep = sorted({{
         f"{{d.metadata['Name']}}=={{d.version}}"
         for d in importlib.metadata.distributions()
@@ -297,9 +299,417 @@ def _as_json(nb) -> dict:
     return json.loads(jupytext.writes(nb, fmt="ipynb"))
 
 
+# --------------------------------------------------------------------------- for readers
+#
+# Jupyter and Colab render Markdown, not MyST: a role such as {term}`primal` or
+# {glue:text}`n`, a directive such as ```{note}``` or a label line ``(name)=`` would show
+# as literal text in a notebook. The generated notebooks carry plain Markdown instead:
+#
+# * glued values (``{glue}``, ``{glue:text}``, ``{glue:md}``) are substituted with the
+#   values of an executed run, recorded in ``notebooks/glue/<chapter>.json`` (committed,
+#   so that a notebook is generated the same way on every machine and JAX version;
+#   ``python3 dev.py sync`` refreshes the record from the newest executed run when the
+#   chapter's code changed, executing the chapter when no executed copy is fresh);
+# * ``{term}``, ``{ref}``, ``{numref}`` and ``{doc}`` become links to the online book,
+#   ``{math}`` becomes ``$...$``;
+# * admonitions become block quotes with a bold title, ``{figure}`` an image,
+#   ``{math}`` blocks ``$$ ... $$``, code blocks fenced code, label lines disappear;
+# * code cells tagged ``remove-cell`` (build-only: glue, build asserts) are left out,
+#   except a cell that only imports (a later cell may use the name).
+
+REMOVE_TAG = "remove-cell"
+#: MyST left raw: a role (``{name}`text```) or a directive fence (```{name}``, :::{name}).
+RAW_MYST = re.compile(r"\{[a-z][a-z:-]*\}`|(`{3,}|:{3,})\{|^\([\w.-]+\)=\s*$", re.M)
+CODE_BLOCK = re.compile(r"^\s*(`{3,}|~{3,})(?![`~{]).*?^\s*\1\s*$", re.M | re.S)
+ROLE = re.compile(r"\{(?P<role>[a-z][\w:-]*)\}`(?P<body>[^`]*)`")
+TITLE_TARGET = re.compile(r"(?s)(?P<title>.*?)\s*<(?P<target>[^<>]+)>")
+LABEL_LINE = re.compile(r"\(([\w.:-]+)\)=\s*")
+FENCE = re.compile(
+    r"(?P<indent>\s*)(?P<fence>`{3,}|:{3,})\{(?P<name>[\w:-]+)\}\s*(?P<arg>.*)"
+)
+GLUE_ROLES = {"glue", "glue:", "glue:any", "glue:text", "glue:md"}
+ADMONITIONS = {
+    "admonition", "attention", "caution", "danger", "error", "hint", "important",
+    "note", "seealso", "tip", "warning", "dropdown", "margin", "sidebar", "topic",
+}  # fmt: skip
+GLUE_MIMES = ("text/plain", "text/markdown")
+
+
+class GlueMissing(LookupError):
+    """A glued value the chapter's prose uses has no recorded value."""
+
+
+def glue_path(source: Path) -> Path:
+    """Where the glued values of a chapter's executed run are recorded."""
+    return ROOT / "notebooks" / "glue" / f"{Path(source).stem}.json"
+
+
+def glue_names(source: Path) -> list[str]:
+    """The glued names the chapter's markdown uses (roles and ``glue`` directives)."""
+    text = Path(source).read_text()
+    names = [
+        _glue_key(m["role"], m["body"])
+        for m in ROLE.finditer(text)
+        if m["role"] in GLUE_ROLES
+    ]
+    names += [
+        m["arg"].split()[0]
+        for line in text.splitlines()
+        if (m := FENCE.fullmatch(line)) and m["name"].startswith("glue") and m["arg"]
+    ]
+    return list(dict.fromkeys(names))
+
+
+def _glue_key(role: str, body: str) -> str:
+    key = body.rsplit(":", 1)[0] if role == "glue:text" and ":" in body else body
+    return key.strip()
+
+
+def glued_outputs(nb) -> dict[str, dict[str, str]]:
+    """``{name: {mime: text}}`` of every ``glue`` output of an executed notebook.
+
+    myst-nb's glue writes a display output whose metadata names the value
+    (``scrapbook.name``) and whose mime types carry a prefix when not displayed.
+    """
+    found: dict[str, dict[str, str]] = {}
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []) if cell["cell_type"] == "code" else []:
+            scrap = out.get("metadata", {}).get("scrapbook")
+            if not isinstance(scrap, dict) or "name" not in scrap:
+                continue
+            prefix = scrap.get("mime_prefix", "")
+            data = {k.removeprefix(prefix): v for k, v in out.get("data", {}).items()}
+            found[scrap["name"]] = {
+                mime: v if isinstance(v, str) else "".join(v)
+                for mime, v in data.items()
+                if mime in GLUE_MIMES
+            }
+    return found
+
+
+def code_digest(source: Path) -> str:
+    """A digest of the chapter's code cells: glued values are recorded against it."""
+    import hashlib
+
+    import jupytext
+
+    code = [c.source for c in jupytext.read(source).cells if c.cell_type == "code"]
+    if code and "google.colab" in code[0]:
+        code = code[1:]  # the generated install cell glues nothing
+    return hashlib.sha256(json.dumps(code).encode()).hexdigest()[:16]
+
+
+def recorded_glue(source: Path) -> dict:
+    """The chapter's glue record: ``{"code": digest, "run": what ran, "values": {...}}``."""
+    path = glue_path(source)
+    if not path.exists():
+        return {"code": "", "run": "", "values": {}}
+    return json.loads(path.read_text())
+
+
+def glue_record_problems(source: Path) -> list[str]:
+    """Why the chapter's glue record cannot render its notebooks as they are now."""
+    rec = recorded_glue(source)
+    name = glue_path(source).relative_to(ROOT).as_posix()
+    if not glue_names(source):
+        return []
+    problems = []
+    missing = [n for n in glue_names(source) if n not in rec["values"]]
+    if missing:
+        problems.append(f"{name} has no value for {missing}")
+    if rec["code"] != code_digest(source):
+        problems.append(
+            f"{name} was recorded from other code than {Path(source).name}'s"
+        )
+    return [p + ": run `python3 dev.py sync`" for p in problems]
+
+
+def format_glue(value: dict[str, str], role: str, body: str) -> str:
+    """A glued value as myst-nb shows it inline (``{glue:text}`name:.3g``` formats it)."""
+    plain = value.get("text/plain", "")
+    if role == "glue:md":
+        return value.get("text/markdown", plain)
+    if role != "glue:text":
+        return plain
+    spec = body.rsplit(":", 1)[1] if ":" in body else "s"
+    import ast
+
+    try:
+        parsed = ast.literal_eval(plain)
+    except (SyntaxError, ValueError):
+        parsed = plain
+    if not spec:
+        return str(parsed)
+    kind = spec[-1]
+    if kind == "s":
+        parsed = str(parsed)
+    elif kind in "bcdoxX":
+        parsed = int(parsed)
+    elif kind in "eEfFgGn%":
+        parsed = float(parsed)
+    return format(parsed, spec)
+
+
+@dataclass(frozen=True)
+class Links:
+    """What the links of one chapter's notebooks point at, in the online book."""
+
+    source: Path
+    labels: dict  # label -> (doc, title)
+    terms: dict  # lower-case term -> term as the glossary writes it
+    figures: dict  # figure name in this chapter -> its number ("Fig. N")
+
+    def page(self, doc: str, anchor: str = "") -> str:
+        return html_base_url() + doc + ".html" + (f"#{anchor}" if anchor else "")
+
+
+def _book_docs() -> list[Path]:
+    """The MyST pages whose labels and terms a chapter may link to."""
+    skip = {"README.md", "CONTRIBUTING.md"}
+    return sorted(
+        p for p in [*ROOT.glob("*.md"), *CHAPTERS.glob("*.md")] if p.name not in skip
+    )
+
+
+def _labels() -> dict[str, tuple[str, str]]:
+    found = {}
+    for path in _book_docs():
+        doc = path.relative_to(ROOT).with_suffix("").as_posix()
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            m = LABEL_LINE.fullmatch(line.strip())
+            if not m:
+                continue
+            after = next((x for x in lines[i + 1 :] if x.strip()), "")
+            title = after.lstrip("#").strip() if after.startswith("#") else ""
+            found[m.group(1)] = (doc, title)
+    return found
+
+
+def _glossary_terms() -> dict[str, str]:
+    path = ROOT / "glossary.md"
+    if not path.exists():
+        return {}
+    block = path.read_text().split("```{glossary}", 1)[-1].split("```", 1)[0]
+    terms = [x.strip() for x in block.splitlines() if x.strip() and not x[0].isspace()]
+    return {t.lower(): t for t in terms}
+
+
+def _figure_numbers(nb) -> dict[str, str]:
+    """``{name: "Fig. N"}``: Sphinx numbers a page's captioned figures 1, 2, ..."""
+    numbers, n = {}, 0
+    for cell in nb.cells:
+        fig = cell.metadata.get("mystnb", {}).get("figure", {})
+        named = fig.get("name")
+        if cell.cell_type == "code" and fig.get("caption"):
+            n += 1
+        for m in FENCE.finditer(cell.source if cell.cell_type == "markdown" else ""):
+            if m["name"] in ("figure", "glue:figure"):
+                n += 1
+                body = cell.source[m.end() :]
+                nm = re.search(r"^\s*:name:\s*(\S+)", body, re.M)
+                if nm:
+                    numbers[nm.group(1)] = f"Fig. {n}"
+        if named and fig.get("caption"):
+            numbers[named] = f"Fig. {n}"
+    return numbers
+
+
+def _anchor(text: str) -> str:
+    from docutils.nodes import make_id
+
+    return make_id(text)
+
+
+def _render_role(m: re.Match, links: Links, glue: dict) -> str:
+    role, body = m["role"], m["body"]
+    tt = TITLE_TARGET.fullmatch(body)
+    title, target = (tt["title"], tt["target"]) if tt else ("", body)
+    if role in GLUE_ROLES:
+        key = _glue_key(role, body)
+        if key not in glue:
+            raise GlueMissing(
+                f"{links.source.name} uses the glued value {key!r}, which "
+                f"{glue_path(links.source).relative_to(ROOT).as_posix()} does not "
+                "record: run `python3 dev.py sync` (it executes the chapter if needed)"
+            )
+        return format_glue(glue[key], role, body)
+    if role == "term":
+        term = links.terms.get(target.strip().lower())
+        if term is None:
+            raise ValueError(
+                f"{links.source.name}: {{term}}`{body}` names no term of glossary.md"
+            )
+        from sphinx.util.nodes import _make_id
+
+        return (
+            f"[{title or target}]({links.page('glossary', _make_id('term-' + term))})"
+        )
+    if role in ("ref", "numref"):
+        label = target.strip()
+        if role == "numref" and label in links.figures:
+            shown = (title or "%s").replace("%s", links.figures[label])
+            doc = links.source.relative_to(ROOT).with_suffix("").as_posix()
+            return f"[{shown}]({links.page(doc, _anchor(label))})"
+        if label not in links.labels:
+            raise ValueError(f"{links.source.name}: no label ({label})= in the book")
+        doc, section = links.labels[label]
+        return f"[{title or section or label}]({links.page(doc, _anchor(label))})"
+    if role == "doc":
+        here = links.source.parent
+        doc = (here / target.strip()).resolve().relative_to(ROOT).with_suffix("")
+        return f"[{title or doc.name}]({links.page(doc.as_posix())})"
+    if role in ("math", "eq"):
+        return f"${body}$" if role == "math" else f"({body})"
+    return f"`{title or target}`" if role in ("code", "samp", "kbd") else title or body
+
+
+def _directive_options(lines: list[str]) -> tuple[dict, list[str]]:
+    opts, i = {}, 0
+    if lines[:1] and lines[0].strip() == "---":
+        end = next((j for j in range(1, len(lines)) if lines[j].strip() == "---"), 0)
+        import yaml
+
+        opts = yaml.safe_load("\n".join(lines[1:end])) or {}
+        return opts, lines[end + 1 :]
+    while i < len(lines) and re.match(r"\s*:[\w-]+:", lines[i]):
+        key, _, value = lines[i].strip()[1:].partition(":")
+        opts[key] = value.strip()
+        i += 1
+    return opts, lines[i:]
+
+
+def _render_directive(name: str, arg: str, body: list[str], links: Links) -> list[str]:
+    opts, body = _directive_options(body)
+    text = _render_blocks(body, links)
+    if name in ADMONITIONS:
+        title = arg or name.capitalize()
+        quoted = [f"> {x}" if x.strip() else ">" for x in text]
+        return [f"> **{title}**", ">", *quoted] if quoted else [f"> **{title}**"]
+    if name == "figure":
+        url, branch = repository()
+        rel = (links.source.parent / arg).resolve().relative_to(ROOT).as_posix()
+        raw = url.replace("https://github.com/", "https://raw.githubusercontent.com/")
+        caption = " ".join(x.strip() for x in text if x.strip())
+        shown = [f"![{opts.get('alt', caption)}]({raw}/{branch}/{rel})"]
+        return [*shown, "", f"*{caption}*"] if caption else shown
+    if name == "glue:figure":
+        caption = " ".join(x.strip() for x in text if x.strip())
+        doc = links.source.relative_to(ROOT).with_suffix("").as_posix()
+        where = links.page(
+            doc, _anchor(opts.get("name", "")) if opts.get("name") else ""
+        )
+        return [
+            f"*Figure: {caption} (drawn by a cell of this notebook; [on the online page]({where}))*"
+        ]
+    if name in ("math", "glue:math"):
+        return ["$$", *text, "$$"]
+    if name in ("code-block", "code", "sourcecode"):
+        return [f"```{arg}", *body, "```"]
+    return text
+
+
+def _render_blocks(lines: list[str], links: Links) -> list[str]:
+    """Directives and label lines of a markdown cell as plain Markdown (recursively)."""
+    out, i, plain_fence = [], 0, None
+    while i < len(lines):
+        line = lines[i]
+        if plain_fence is None and (m := FENCE.fullmatch(line)):
+            fence, close = m["fence"], None
+            for j in range(i + 1, len(lines)):
+                s = lines[j].strip()
+                if s and set(s) == {fence[0]} and len(s) >= len(fence):
+                    close = j
+                    break
+            end = close if close is not None else len(lines)
+            body = [x[len(m["indent"]) :] for x in lines[i + 1 : end]]
+            shown = _render_directive(m["name"], m["arg"].strip(), body, links)
+            out += [m["indent"] + x if x else x for x in shown]
+            i = end + 1
+            continue
+        fence_m = re.match(r"\s*(`{3,}|~{3,})", line)
+        if fence_m and plain_fence is None:
+            plain_fence = fence_m.group(1)  # a fenced code block: left as it is
+        elif fence_m and line.strip() == plain_fence[0] * len(line.strip()):
+            plain_fence = None if len(line.strip()) >= len(plain_fence) else plain_fence
+        if plain_fence is None and LABEL_LINE.fullmatch(line.strip()):
+            i += 1
+            continue
+        out.append(line)
+        i += 1
+    return out
+
+
+def reader_markdown(text: str, links: Links, glue: dict) -> str:
+    """A MyST markdown cell as plain Markdown for Jupyter and Colab."""
+    lines = _render_blocks(text.splitlines(), links)
+    rendered = ROLE.sub(lambda m: _render_role(m, links, glue), "\n".join(lines))
+    return re.sub(r"\n{3,}", "\n\n", rendered).strip("\n")
+
+
+def links_for(source: Path, nb) -> Links:
+    return Links(Path(source), _labels(), _glossary_terms(), _figure_numbers(nb))
+
+
+def only_imports(code: str) -> bool:
+    """Whether a code cell only imports (kept in the notebooks even when hidden from
+    the page: later cells may use what it imports)."""
+    import ast
+
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return False
+    return bool(body) and all(isinstance(n, ast.Import | ast.ImportFrom) for n in body)
+
+
+def for_readers(nb, source: Path):
+    """The chapter notebook ``nb`` as its readers get it: build-only cells (tagged
+    ``remove-cell``, unless they only import) left out, markdown rendered (:func:`reader_markdown`) with the recorded glued values."""
+    links = links_for(source, nb)
+    glue = recorded_glue(source)["values"]
+    cells = []
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags", [])
+        if REMOVE_TAG in tags and not only_imports(cell.source):
+            continue
+        if REMOVE_TAG in tags:  # an import: later cells may use what it imports
+            cell.metadata["tags"] = [t for t in tags if t != REMOVE_TAG]
+            if not cell.metadata["tags"]:
+                del cell.metadata["tags"]
+        if cell.cell_type == "markdown":
+            cell.source = reader_markdown(cell.source, links, glue)
+            if not cell.source.strip():
+                continue
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
+def raw_myst(nb: dict) -> list[str]:
+    """``cell N: ...`` for each markdown cell of a notebook that still carries MyST."""
+    found = []
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        src = (
+            cell["source"]
+            if isinstance(cell["source"], str)
+            else "".join(cell["source"])
+        )
+        src = CODE_BLOCK.sub("", src)  # a fenced code block shows its text as it is
+        for m in RAW_MYST.finditer(src):
+            found.append(f"cell {i}: {src[max(0, m.start() - 30) : m.end() + 30]!r}")
+    return found
+
+
 def md_to_notebook(source: Path) -> dict:
-    """The self-study notebook: every cell of the chapter, solutions as Colab forms."""
-    nb = _read_chapter(source)
+    """The self-study notebook: the chapter as a reader runs it, solutions as Colab forms.
+
+    Markdown is rendered for Jupyter and Colab (:func:`for_readers`); build-only cells
+    (tagged ``remove-cell``) are left out.
+    """
+    nb = for_readers(_read_chapter(source), source)
     for cell in nb.cells:
         if not is_solution(cell):
             continue
@@ -315,7 +725,7 @@ def student_notebook(source: Path) -> dict:
     """The student notebook: the chapter with every solution cell replaced by a pointer."""
     import nbformat
 
-    nb = _read_chapter(source)
+    nb = for_readers(_read_chapter(source), source)
     cells = []
     for cell in nb.cells:
         if not is_solution(cell):
@@ -366,7 +776,9 @@ def _cells(nb: dict) -> list[tuple[str, str, str]]:
 
 def pair_problems(source: Path) -> list[str]:
     """Why ``source`` and its generated notebooks are not in sync (empty list when they are)."""
-    problems = []
+    problems = glue_record_problems(source)
+    if problems:
+        return problems
     for path, want in notebook_sets(source).items():
         name = path.relative_to(ROOT).as_posix()
         if not path.exists():
@@ -386,12 +798,67 @@ def pair_problems(source: Path) -> list[str]:
     return problems
 
 
+def record_glue(source: Path, executed) -> Path | None:
+    """Write the glued values the chapter's prose uses, from the executed notebook
+    ``executed``, into its glue record; return the record's path if it changed."""
+    names = glue_names(source)
+    found = glued_outputs(executed)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ValueError(
+            f"{Path(source).name} uses glued values its executed run does not glue: "
+            f"{missing} (is a glue(...) call missing or renamed?)"
+        )
+    run = next(
+        (
+            out["metadata"]["beyondgrad_runtime"]
+            for cell in executed["cells"]
+            for out in cell.get("outputs", [])
+            if isinstance(out.get("metadata", {}).get("beyondgrad_runtime"), dict)
+        ),
+        {},
+    )
+    record = {
+        "code": code_digest(source),
+        "run": f"jax {run.get('jax_version', '?')}, {run.get('platform', '?')}",
+        "values": {n: found[n] for n in sorted(names)},
+    }
+    path = glue_path(source)
+    text = json.dumps(record, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+    if path.exists() and path.read_text() == text:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def sync_glue(source: Path) -> Path | None:
+    """Refresh the chapter's glue record: from a fresh executed copy when there is one
+    (the book build's or the tests'), else, when the record does not fit the chapter
+    (other code, a missing value), from an execution now. Returns the path if changed."""
+    if not glue_names(source):
+        return None
+    # tools.execute imports this module: imported here, when needed
+    from tools.execute import executed_notebook, fresh_executed_notebook
+
+    executed = fresh_executed_notebook(source)
+    if executed is None and glue_record_problems(source):
+        print(
+            f"[sync] executing {Path(source).name} for its glued values ...", flush=True
+        )
+        executed = executed_notebook(source)
+    return None if executed is None else record_glue(source, executed)
+
+
 def sync() -> list[Path]:
-    """Rewrite every chapter's install cell and its two notebooks; return the files changed."""
+    """Rewrite every chapter's install cell, glue record and two notebooks; return the
+    files changed."""
     changed = []
     for source in chapter_sources():
         if sync_install_cell(source):
             changed.append(source)
+        if (record := sync_glue(source)) is not None:
+            changed.append(record)
         for path, nb in notebook_sets(source).items():
             text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
             if not path.exists() or path.read_text() != text:

@@ -10,6 +10,9 @@ Debian's ``chromium``. Each page must show:
   no cell output that shows a matplotlib figure as text (``<Figure size ...>``);
 * on pages with math, every formula typeset by MathJax (``mjx-container``, no ``merror``);
 * hidden cells (``hide-input`` solutions, ``hide-cell``, ``hide-output``) collapsed;
+* at 1280x800 no code block, cell output, table or display formula scrolls sideways
+  (each is measured, ``scrollWidth`` against ``clientWidth`` and the content column,
+  with every ``<details>`` opened);
 * on chapter pages: the Colab launch link for that chapter's self-study ``.ipynb`` on the
   repository/branch of ``_config.yml`` (the ``.ipynb`` exists in the repository), a
   launch menu that shows it, a working ``.ipynb`` download, as many collapsed
@@ -273,6 +276,48 @@ def check_math(page, mathjax_src: str | None, have_local_mathjax: bool) -> list[
     return problems
 
 
+#: The window the pages must fit (a laptop): nothing may scroll sideways at this width.
+VIEWPORT = {"width": 1280, "height": 800}
+
+_OVERFLOW_JS = r"""() => {
+  // What a reader can open counts too: open every <details> (solutions, hidden cells).
+  for (const d of document.querySelectorAll('details')) d.open = true;
+  const article = document.querySelector('article') || document.body;
+  const right = article.getBoundingClientRect().right;
+  const blocks = Array.from(article.querySelectorAll(
+    'pre, table, div.highlight, .cell_output .output, mjx-container[display="true"]'));
+  const wide = blocks.filter(el => el.clientWidth > 0 &&
+    (el.scrollWidth > el.clientWidth + 1 || el.getBoundingClientRect().right > right + 1));
+  // report the outermost block only (a <pre> inside a wide output is the same problem)
+  const outer = wide.filter(el => !wide.some(o => o !== el && o.contains(el)));
+  return outer.map(el => {
+    const kind = el.tagName === 'TABLE' ? 'table'
+      : el.closest('.cell_input') ? 'code cell'
+      : el.closest('.cell_output') ? 'cell output'
+      : el.tagName.startsWith('MJX') ? 'formula' : 'code block';
+    const width = Math.max(el.scrollWidth, Math.round(el.getBoundingClientRect().width));
+    const room = Math.round(Math.min(el.clientWidth || width, right - el.getBoundingClientRect().left));
+    const line = (el.innerText || '').split('\n').reduce((a, b) => b.length > a.length ? b : a, '');
+    return {kind, width, room, line: line.trim().slice(0, 70)};
+  });
+}"""
+
+
+def check_overflow(page, limit: int = 12) -> list[str]:
+    """Every code block, cell output, table and display formula fits the content column
+    at :data:`VIEWPORT`'s width: none scrolls sideways (hidden cells opened first)."""
+    found = page.evaluate(_OVERFLOW_JS)
+    problems = [
+        f"{b['kind']} scrolls sideways ({b['width']} px in {b['room']} px): {b['line']!r}"
+        for b in found[:limit]
+    ]
+    if len(found) > limit:
+        problems.append(
+            f"... and {len(found) - limit} more blocks that scroll sideways"
+        )
+    return problems
+
+
 def check_hidden_collapsed(page) -> list[str]:
     problems = []
     for cell in page.evaluate(_HIDDEN_JS):
@@ -403,6 +448,7 @@ def check_page(
         page.screenshot(path=str(shot), full_page=True)
     if re.fullmatch(r"chapters/[^/]+\.html", rel):
         problems += check_chapter(page, rel, context)
+    problems += check_overflow(page)  # last: it opens every <details>
     return problems, shot
 
 
@@ -461,7 +507,7 @@ def visit(
             errors.append(f"request failed: {request.url} ({request.failure})")
 
     redirect = REFRESH.search((root / rel).read_text(errors="replace"))
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport=VIEWPORT)
     shot = None
     try:
         context.route("**/*", route)
@@ -517,6 +563,43 @@ def check_build(
     return found
 
 
+_MD_LINK = re.compile(r"\]\((?P<url>[^)\s]+)\)")
+
+
+def notebook_link_problems(html_root: Path) -> dict[str, list[str]]:
+    """Every link of the generated notebooks into the online book, checked against this
+    build: the page exists and has the anchor (``id="..."``). Links to pages that this
+    build lacks (a ``dev.py page`` build of a few chapters) are not checked."""
+    base = book.html_base_url()
+    found: dict[str, list[str]] = {}
+    ids: dict[str, set[str]] = {}
+    for source in book.chapter_sources():
+        for path in (source.with_suffix(".ipynb"), book.student_path(source)):
+            if not path.exists():
+                continue
+            problems = []
+            for cell in json.loads(path.read_text())["cells"]:
+                if cell["cell_type"] != "markdown":
+                    continue
+                text = "".join(cell["source"])
+                for m in _MD_LINK.finditer(text):
+                    url = m["url"]
+                    if not url.startswith(base):
+                        continue
+                    page, _, anchor = url.removeprefix(base).partition("#")
+                    target = html_root / page
+                    if not target.exists():
+                        continue
+                    if page not in ids:
+                        html = target.read_text(errors="replace")
+                        ids[page] = set(re.findall(r'\bid="([^"]+)"', html))
+                    if anchor and anchor not in ids[page]:
+                        problems.append(f"{url}: no id {anchor!r} on {page}")
+            if problems:
+                found[path.relative_to(ROOT).as_posix()] = problems
+    return found
+
+
 def main(argv: list[str]) -> int:
     """``python -m tools.browser [HTML_DIR]``: check every page; exit 1 on any problem.
 
@@ -524,6 +607,11 @@ def main(argv: list[str]) -> int:
     under CI (``CI`` set), where that is a failure (exit 1).
     """
     html_root = Path(argv[0]).resolve() if argv else book.build_dir() / "html"
+    broken = notebook_link_problems(html_root)
+    for rel, problems in broken.items():
+        print(f"[browser] links of {rel}:\n  - " + "\n  - ".join(problems))
+    if broken:
+        return 1
     missing = missing_requirements()
     if missing:
         under_ci = os.environ.get("CI", "").strip().lower() not in (

@@ -70,8 +70,9 @@ def execute(source: Path, timeout: int = 600):
     return nb, time.perf_counter() - t0
 
 
-def executed_notebook(source: Path):
-    """The executed chapter: the book build's (jupyter-cache) copy if fresh, else executed here."""
+def fresh_executed_notebook(source: Path):
+    """The executed chapter if a copy newer than the chapter and the package exists: the
+    book build's (jupyter-cache), the tests' or ``dev.py chapter``'s; else None."""
     import nbformat
 
     source = Path(source)
@@ -79,40 +80,101 @@ def executed_notebook(source: Path):
     built = cached_execution(source)
     if built is not None and built[1] >= newest:
         return built[0]
-    cache = test_cache()
-    candidate = cache / f"{source.stem}.ipynb"
+    candidate = test_cache() / f"{source.stem}.ipynb"
     if candidate.exists() and candidate.stat().st_mtime >= newest:
         return nbformat.read(candidate, as_version=4)
-    nb, _ = execute(source)
-    _write_atomically(nb, cache / f"{source.stem}.ipynb")
+    return None
+
+
+def executed_notebook(source: Path):
+    """The executed chapter: a fresh copy (:func:`fresh_executed_notebook`), else the
+    chapter executed here (and kept in the build folder for the next caller)."""
+    nb = fresh_executed_notebook(source)
+    if nb is None:
+        nb, _ = execute(Path(source))
+        _write_atomically(nb, test_cache() / f"{Path(source).stem}.ipynb")
     return nb
 
 
-def executed_student_notebook(source: Path, timeout: int = 600):
-    """The chapter's student notebook run top to bottom in a fresh kernel, as a class would.
+class RunAllStopped(AssertionError):
+    """*Run all* stopped before the notebook's last cell."""
 
-    Kept in the build folder until the notebook or the package changes. A cell that
-    raises (other than an expected error inside a ``%%raises`` cell) stops the run (nbclient's
-    ``CellExecutionError``, which names the cell and carries the traceback).
+
+def run_all(path: Path, timeout: int = 600):
+    """Execute the notebook at ``path`` as Colab's *Runtime > Run all* does; return it.
+
+    A fresh kernel in the notebook's folder, every cell in order, no ``allow_errors``,
+    and every ``raises-exception`` tag stripped (Colab ignores the tag), so the first
+    exception stops the run: :class:`RunAllStopped` then names the cell and the error.
+    A deliberate error inside a ``%%raises`` cell is caught by the magic and goes on.
     """
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 
-    student = student_path(Path(source))
-    newest = max(_newest_input_mtime(Path(source)), student.stat().st_mtime)
-    candidate = test_cache() / f"student-{student.name}"
-    if candidate.exists() and candidate.stat().st_mtime >= newest:
-        return nbformat.read(candidate, as_version=4)
-    nb = nbformat.read(student, as_version=4)
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        tags = cell.get("metadata", {}).get("tags")
+        if tags and "raises-exception" in tags:
+            cell.metadata["tags"] = [t for t in tags if t != "raises-exception"]
     client = NotebookClient(
         nb,
         timeout=timeout,
         kernel_name="python3",
-        resources={"metadata": {"path": str(student.parent)}},
+        allow_errors=False,
+        resources={"metadata": {"path": str(path.parent)}},
     )
-    client.execute()
+    try:
+        client.execute()
+    except CellExecutionError as e:
+        raise RunAllStopped(stopped_at(nb, path, e)) from None
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    if code and nb.cells[code[-1]].get("execution_count") is None:
+        raise RunAllStopped(f"{path.name}: Run all did not reach the last code cell")
+    return nb
+
+
+def stopped_at(nb, path: Path, error: Exception) -> str:
+    """Where and why *Run all* stopped: cell number, its first lines, the error."""
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    for k, i in enumerate(code, start=1):
+        errors = [
+            o for o in nb.cells[i].get("outputs", []) if o.get("output_type") == "error"
+        ]
+        if errors:
+            head = "\n    ".join(nb.cells[i].source.splitlines()[:4])
+            return (
+                f"{path.name}: Run all stopped at cell {i} (code cell {k} of "
+                f"{len(code)}) with {errors[0]['ename']}: "
+                f"{str(errors[0]['evalue'])[:500]}\n    {head}"
+            )
+    return f"{path.name}: Run all stopped: {str(error)[-1500:]}"
+
+
+def run_all_cached(path: Path, timeout: int = 600):
+    """:func:`run_all` of a generated notebook, kept in the build folder until the
+    notebook or the package changes (each notebook runs once per environment)."""
+    import nbformat
+
+    path = Path(path).resolve()
+    newest = max(
+        path.stat().st_mtime,
+        max(p.stat().st_mtime for p in (ROOT / "src" / "beyondgrad").rglob("*.py")),
+    )
+    rel = path.relative_to(ROOT).as_posix().replace("/", "__")
+    candidate = test_cache() / "run_all" / rel
+    if candidate.exists() and candidate.stat().st_mtime >= newest:
+        return nbformat.read(candidate, as_version=4)
+    nb = run_all(path, timeout)
     _write_atomically(nb, candidate)
     return nb
+
+
+def executed_student_notebook(source: Path, timeout: int = 600):
+    """The chapter's student notebook run with *Run all* semantics, as a class would
+    (:func:`run_all_cached`)."""
+    return run_all_cached(student_path(Path(source)), timeout)
 
 
 @dataclass(frozen=True)
@@ -186,6 +248,8 @@ def main(paths: list[str]) -> int:
             print(f"FAIL {source.name}: {type(e).__name__}: {str(e)[-2000:]}")
             worst = 1
             continue
+        # kept for the tests and for `dev.py sync` (the glued values)
+        _write_atomically(nb, test_cache() / f"{source.stem}.ipynb")
         bad = [
             c for c in error_cells(nb) if c.expected is None or c.raised != c.expected
         ]
