@@ -25,6 +25,7 @@ from beyondgrad.exercises import (
     call_answer,
     early_verdict,
     failed,
+    is_stub,
     require_callable,
     tree_mismatches,
     verdict,
@@ -72,6 +73,23 @@ def _method_problem(fn: Callable, arg: jax.Array, exercise: str) -> str | None:
     )
 
 
+def _dtype_hint(text: str) -> str:
+    """What to change when float32 meets float64 in the student's code (or ``""``)."""
+    if "float32" in text and "float64" in text:
+        return (
+            "\n    The checker runs in float64 (inside jax.enable_x64) and part of your "
+            "code is float32: build starting points and constants from the input "
+            "(jnp.zeros_like(theta), jnp.eye(n, dtype=A.dtype)) rather than with a "
+            "fixed float32 dtype"
+        )
+    return ""
+
+
+def _failed_with_hint(value: object) -> str | None:
+    msg = failed(value)
+    return msg + _dtype_hint(msg) if msg else None
+
+
 def _exercise1_reference(theta: jax.Array) -> jax.Array:
     """x* = 0.5 cos(x*) + theta to float64 precision (200 contraction steps, ≤ ½)."""
     x, _ = fixed_point(
@@ -101,18 +119,30 @@ def check_fixed_point_grad(
     with jax.enable_x64(True):
         thetas = jnp.array([-1.0, 0.0, 0.3, 2.0], jnp.float64)
         got = call_answer(jax.vmap(fn), thetas, what="your function (under vmap)")
-        early = early_verdict(_EX1, got, strict=strict)
-        if early is not None:
-            return early
+        if is_stub(got):
+            return verdict(_EX1, [], attempted=False, strict=strict)
+        if failed(got):
+            return verdict(_EX1, [_failed_with_hint(got)], strict=strict)
         want = _exercise1_reference(thetas)
         problems = tree_mismatches(got, want, rtol=tol, atol=tol, name="x*")
         if problems:
+            if np.asarray(got).dtype != np.float64:
+                problems.append(
+                    f"your x* is {np.asarray(got).dtype} for a float64 theta: compute in "
+                    "theta's dtype (jnp.zeros_like(theta) as the start), since float32 "
+                    f"cannot reach {tol:g}"
+                )
+            else:
+                problems.append(
+                    f"(required: within {tol:g} absolute plus relative; a solver that "
+                    "stops at |F(x)| <= 1e-6 is close enough, a looser one is not)"
+                )
             return verdict(_EX1, problems, strict=strict)
         grads = call_answer(
             jax.vmap(jax.grad(fn)), thetas, what="jax.grad of your function"
         )
         if failed(grads):
-            return verdict(_EX1, [failed(grads)], strict=strict)
+            return verdict(_EX1, [_failed_with_hint(grads)], strict=strict)
         # right numbers from an unrolled loop are not the exercise: read the jaxpr
         method = _method_problem(fn, thetas[2], _EX1)
         if method:
@@ -169,12 +199,35 @@ def check_sqrtm(
             [[1.0, 0.5, -0.2], [0.5, 0.0, 0.3], [-0.2, 0.3, -1.0]], jnp.float64
         )
         x_ref, deriv = _sqrtm_reference(a)
+        value = call_answer(fn, a, what="your sqrtm")
+        if is_stub(value):
+            return verdict(_EX2, [], attempted=False, strict=strict)
+        if failed(value):
+            return verdict(_EX2, [_failed_with_hint(value)], strict=strict)
+        if isinstance(value, (tuple, list)):
+            return verdict(
+                _EX2,
+                [
+                    f"your sqrtm returns a {type(value).__name__} of "
+                    f"{len(value)} items; return the matrix X alone "
+                    "(implicit.newton_root returns (X, SolverInfo): take [0])"
+                ],
+                strict=strict,
+            )
+        if np.shape(value) != (3, 3):
+            return verdict(
+                _EX2,
+                [
+                    f"your sqrtm returns shape {np.shape(value)} for a 3x3 A; "
+                    "return X with the shape of A"
+                ],
+                strict=strict,
+            )
         out = call_answer(
             lambda: jax.jvp(fn, (a,), (da,)), what="jax.jvp of your function"
         )
-        early = early_verdict(_EX2, out, strict=strict)
-        if early is not None:
-            return early
+        if failed(out):
+            return verdict(_EX2, [_failed_with_hint(out)], strict=strict)
         method = _method_problem(fn, a, _EX2)
         if method:
             return verdict(_EX2, [method], strict=strict)
@@ -192,6 +245,16 @@ def check_sqrtm(
             )
         problems = tree_mismatches(x, x_ref, rtol=tol, atol=tol, name="X")
         problems += tree_mismatches(dx, deriv(da), rtol=tol, atol=tol, name="dX")
+        if problems and np.asarray(x).dtype != np.float64:
+            problems.append(
+                f"your X is {np.asarray(x).dtype} for a float64 A: start Newton from "
+                f"jnp.eye(n, dtype=A.dtype), since float32 cannot reach {tol:g}"
+            )
+        elif problems:
+            problems.append(
+                f"(required: within {tol:g} absolute plus relative; stop Newton at a "
+                "tight residual, e.g. tol=1e-12)"
+            )
         success = (
             f"calls custom_root; X @ X = A and dX solves X dX + dX X = dA, to {tol:g}"
         )
