@@ -210,10 +210,21 @@ def test_sqrtm_near_misses(answer, quote):
     [
         (jnp.eye(3), "you passed a value (ArrayImpl of shape (3, 3))"),
         (lambda A: _sqrtm(A) * jnp.nan, "nan/inf does not match"),
-        (lambda A: _sqrtm(A)[:2], "has shape (2, 3), expected (3, 3)"),
+        (lambda A: _sqrtm(A)[:2], "your sqrtm returns shape (2, 3) for a 3x3 A"),
+        (
+            lambda A: implicit.newton_root(
+                lambda X, A: X @ X - A, jnp.eye(3, dtype=A.dtype), A, tol=1e-12
+            ),
+            "your sqrtm returns a tuple of 2 items; return the matrix X alone "
+            "(implicit.newton_root returns (X, SolverInfo): take [0])",
+        ),
+        (
+            lambda A: _sqrtm(A.astype(jnp.float32)),
+            "your X is float32 for a float64 A",
+        ),
         (_failing, "raised ValueError: boom in the student's code"),
     ],
-    ids=["value-not-function", "nan", "shape", "exception"],
+    ids=["value-not-function", "nan", "shape", "exception", "tuple", "float32"],
 )
 def test_sqrtm_bad_input(answer, quote):
     fb = ch3.check_sqrtm(answer)
@@ -294,3 +305,49 @@ def test_tolerance_fix_bad_input(answer, quote):
 
 def test_tolerance_fix_stub_is_not_attempted():
     assert not ch3.check_tolerance_fix(_stub).attempted
+
+
+# ------------------------------------------------------- tolerances, pinned (all three)
+
+
+def _times(fn, factor):
+    return lambda *args: fn(*args) * factor
+
+
+def test_fixed_point_tolerance_is_pinned():
+    # the chapter's solver (|F(x)| <= 1e-6) is off by 4.3e-7; FIXED_POINT_TOL is 3e-6
+    tol = ch3.FIXED_POINT_TOL
+    far = ch3.check_fixed_point_grad(_times(_fp_helper, 1 + 3 * tol))
+    assert not far.passed and "x* differs from the reference" in str(far), str(far)
+    assert f"(required: within {tol:g}" in str(far)
+    assert ch3.check_fixed_point_grad(_times(_fp_root, 1 + 0.3 * tol)).passed
+
+
+def test_fixed_point_float32_answer_is_told_the_dtype():
+    def fp32(theta):
+        x0 = jnp.zeros((), jnp.float32)
+        F = lambda x: 0.5 * jnp.cos(x) + theta - x  # noqa: E731
+        solve = lambda F, x0: lax.fori_loop(0, 60, lambda i, x: x + F(x), x0)  # noqa: E731
+        return lax.custom_root(F, x0, solve, lambda g, y: y / g(1.0))
+
+    fb = ch3.check_fixed_point_grad(fp32)
+    assert not fb.passed
+    assert "The checker runs in float64 (inside jax.enable_x64)" in str(fb), str(fb)
+
+
+def test_sqrtm_tolerance_is_pinned():
+    # Newton from the identity is off by 2.9e-14, Denman-Beavers by 4e-16; SQRTM_TOL 3e-13
+    tol = ch3.SQRTM_TOL
+    far = ch3.check_sqrtm(_times(_sqrtm, 1 + 3 * tol))
+    assert not far.passed and "X differs from the reference" in str(far), str(far)
+    assert ch3.check_sqrtm(_times(_sqrtm_direct, 1 + 0.3 * tol)).passed
+
+
+def test_tolerance_fix_tolerance_is_pinned():
+    # a solve stopped at 1e-13 passes at 1e-15 relative; TOLERANCE_FIX_RTOL is 1e-12
+    rtol = ch3.TOLERANCE_FIX_RTOL
+    with jax.enable_x64(True):
+        far = ch3.check_tolerance_fix(_times(_grad_closed_form, 1 + 3 * rtol))
+        assert not far.passed and "differs from the reference" in str(far), str(far)
+        assert "tighten the solver's tolerance" in str(far)
+        assert ch3.check_tolerance_fix(_times(_grad_closed_form, 1 + 0.3 * rtol))

@@ -98,12 +98,12 @@ def _sin_iterates(x: np.ndarray, n: np.ndarray | int) -> np.ndarray:
 def fix_jit_counts(seed: int | None = None) -> np.ndarray:
     """Counts for exercise 1.1: ``FIX_JIT_SIZE`` int32 values in ``0..FIX_JIT_MAX_N``.
 
-    Random (``seed=None`` draws fresh ones at every check), always containing ``0`` and
-    ``FIX_JIT_MAX_N``, in random order.
+    Random (``seed=None`` draws fresh ones at every check), always containing ``0``, a
+    count from 1 to 8 and ``FIX_JIT_MAX_N``, in random order.
     """
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, FIX_JIT_MAX_N + 1, size=FIX_JIT_SIZE)
-    counts[:2] = (0, FIX_JIT_MAX_N)
+    counts[:3] = (0, rng.integers(1, 9), FIX_JIT_MAX_N)
     return rng.permutation(counts).astype(np.int32)
 
 
@@ -111,18 +111,21 @@ def _fix_jit_hint(message: str) -> str:
     """What to change, for the usual failures of exercise 1.1."""
     if "static" in message or "hashable" in message:
         return (
-            " - n is an array of counts, one per entry, so it cannot be a static "
+            "\n    n is an array of counts, one per entry, so it cannot be a static "
             "argument: keep it traced and let a loop primitive stop each entry at its "
             "own count"
         )
-    if "TracerIntegerConversionError" in message or "Concretization" in message:
+    if any(
+        k in message
+        for k in ("TracerIntegerConversionError", "Concretization", "scalar index")
+    ):
         return (
-            " - range(n), int(n) and n.max() in Python need concrete numbers; under jit "
+            "\n    range(n), int(n) and n.max() in Python need concrete numbers; under jit "
             "n is traced: loop with lax.while_loop or lax.fori_loop"
         )
     if "boolean scalar" in message or "must be scalars" in message:
         return (
-            " - a loop primitive's trip count (or condition) is one scalar for the whole "
+            "\n    a loop primitive's trip count (or condition) is one scalar for the whole "
             "loop, and here each entry has its own n: vmap the loop over the entries, "
             "or loop to the largest count and keep finished entries with jnp.where"
         )

@@ -35,6 +35,7 @@ from beyondgrad.implicit import deq_layer, deq_params, fixed_point
 __all__ = [
     "FIXED_POINT_TOL",
     "SQRTM_TOL",
+    "TOLERANCE_FIX_ATOL",
     "TOLERANCE_FIX_RTOL",
     "check_fixed_point_grad",
     "check_sqrtm",
@@ -43,12 +44,18 @@ __all__ = [
 ]
 
 #: Exercise 3.1: value and gradient must agree to this (absolute + relative, float64).
-#: A solver stopped at ``|F(x)| <= 1e-6`` is off by at most ``2e-6`` here.
-FIXED_POINT_TOL = 1e-5
-#: Exercise 3.2: X and dX must agree to this (absolute + relative, float64).
-SQRTM_TOL = 1e-6
-#: Exercise 3.3: the gradient must agree to this (relative, float64).
-TOLERANCE_FIX_RTOL = 1e-7
+#: A solver stopped at ``|F(x)| <= 1e-6`` (the chapter's) is off by 4.3e-7 in the value
+#: and 2.3e-7 in the gradient (measured, JAX 0.8.2 and 0.12): about 7x below.
+FIXED_POINT_TOL = 3e-6
+#: Exercise 3.2: X and dX must agree to this (absolute + relative, float64). Newton
+#: from the identity stopped at a residual of 1e-6 or 1e-12 is off by 2.9e-14 (it
+#: converges quadratically), Denman-Beavers by 4e-16 (measured): about 10x below.
+SQRTM_TOL = 3e-13
+#: Exercise 3.3: the gradient must agree to this (relative, float64), plus
+#: :data:`TOLERANCE_FIX_ATOL`. A solve stopped at 1e-13 passes at 1e-15 (measured); one
+#: stopped at 1e-10 is off by 1e-9..1e-8, so the fix is a tolerance near rounding.
+TOLERANCE_FIX_RTOL = 1e-12
+TOLERANCE_FIX_ATOL = 1e-14
 
 _EX1 = "Exercise 3.1 (fixed-point gradient)"
 _EX2 = "Exercise 3.2 (matrix square root)"
@@ -134,8 +141,8 @@ def check_fixed_point_grad(
                 )
             else:
                 problems.append(
-                    f"(required: within {tol:g} absolute plus relative; a solver that "
-                    "stops at |F(x)| <= 1e-6 is close enough, a looser one is not)"
+                    f"(required: within {tol:g} absolute plus relative: tighten your "
+                    "solver's stopping tolerance; |F(x)| <= 1e-6 is enough)"
                 )
             return verdict(_EX1, problems, strict=strict)
         grads = call_answer(
@@ -252,8 +259,8 @@ def check_sqrtm(
             )
         elif problems:
             problems.append(
-                f"(required: within {tol:g} absolute plus relative; stop Newton at a "
-                "tight residual, e.g. tol=1e-12)"
+                f"(required: within {tol:g} absolute plus relative: iterate until the "
+                "residual is at rounding level, e.g. newton_root(..., tol=1e-12))"
             )
         success = (
             f"calls custom_root; X @ X = A and dX solves X dX + dX X = dA, to {tol:g}"
@@ -306,11 +313,20 @@ def check_tolerance_fix(
                 got,
                 reference(b),
                 rtol=rtol,
-                atol=1e-12,
+                atol=TOLERANCE_FIX_ATOL,
                 name=f"gradient at b = {scale:g} × b0",
                 allow_python_scalars=False,
             )
             if problems:
                 break
-        success = f"the gradient matches the exact one to {rtol:g} (relative)"
+        if problems:
+            problems.append(
+                f"(required: within {rtol:g} relative plus {TOLERANCE_FIX_ATOL:g}; the "
+                "error of the implicit gradient follows the residual of the solve: "
+                "read the SolverInfo, then tighten the solver's tolerance)"
+            )
+        success = (
+            f"the gradient matches the exact one to {rtol:g} relative plus "
+            f"{TOLERANCE_FIX_ATOL:g}"
+        )
         return verdict(_EX3, problems, success=success, strict=strict)
