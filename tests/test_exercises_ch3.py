@@ -27,46 +27,53 @@ def _failing(*args):
 # ---------------------------------------------------------------------------- 3.1
 
 
-def _fp_root(theta, tol=1e-6, cos_scale=0.5, stop=False, sign=1.0):
-    """custom_root for x = cos_scale cos x + theta; knobs make near misses."""
-    F = lambda x: cos_scale * jnp.cos(x) + theta - x
+M = ch3.FIXED_POINT_M
+
+
+def _fp_root(theta, tol=1e-10, cos_scale=0.5, stop=False, sign=1.0, scalar=False):
+    """custom_root for x = cos_scale cos(M x) + theta; knobs make near misses."""
+    F = lambda x: cos_scale * jnp.cos(M @ x) + theta - x  # noqa: E731
 
     def solve(F, x0):
-        keep_going = lambda s: (jnp.abs(F(s[0])) > tol) & (s[1] < 500)
+        keep_going = lambda s: (jnp.linalg.norm(F(s[0])) > tol) & (s[1] < 500)  # noqa: E731
         return lax.while_loop(
             keep_going, lambda s: (s[0] + F(s[0]), s[1] + 1), (x0, 0)
         )[0]
 
-    x = lax.custom_root(F, jnp.zeros_like(theta), solve, lambda g, y: sign * y / g(1.0))
+    def dense(g, y):
+        return sign * jnp.linalg.solve(jax.jacfwd(g)(y), y)
+
+    tangent = (lambda g, y: y / g(1.0)) if scalar else dense
+    x = lax.custom_root(F, jnp.zeros_like(theta), solve, tangent)
     return lax.stop_gradient(x) if stop else x
 
 
 def _fp_helper(theta):  # the helper, Newton instead of plain iteration
-    F = lambda x, t: 0.5 * jnp.cos(x) + t - x
-    return implicit.newton_root(F, jnp.zeros_like(theta), theta, tol=1e-10)[0]
+    F = lambda x, t: 0.5 * jnp.cos(M @ x) + t - x  # noqa: E731
+    return implicit.newton_root(F, jnp.zeros_like(theta), theta, tol=1e-12)[0]
 
 
 def _fp_scan(theta):
-    step = lambda x, _: (0.5 * jnp.cos(x) + theta, None)
+    step = lambda x, _: (0.5 * jnp.cos(M @ x) + theta, None)  # noqa: E731
     return lax.scan(step, jnp.zeros_like(theta), length=200)[0]
 
 
 def _fp_while_loop(theta):
-    body = lambda c: (0.5 * jnp.cos(c[0]) + theta, c[1] + 1)
-    return lax.while_loop(lambda c: c[1] < 100, body, (jnp.zeros_like(theta), 0))[0]
+    body = lambda c: (0.5 * jnp.cos(M @ c[0]) + theta, c[1] + 1)  # noqa: E731
+    return lax.while_loop(lambda c: c[1] < 200, body, (jnp.zeros_like(theta), 0))[0]
 
 
 def _fp_python_loop(theta):
     x = jnp.zeros_like(theta)
-    for _ in range(60):
-        x = 0.5 * jnp.cos(x) + theta
+    for _ in range(150):
+        x = 0.5 * jnp.cos(M @ x) + theta
     return x
 
 
 @pytest.mark.parametrize(
     "answer",
-    [_fp_root, lambda t: _fp_root(t, tol=1e-12), _fp_helper],
-    ids=["chapter-tol-1e-6", "tol-1e-12", "newton_root"],
+    [_fp_root, lambda t: _fp_root(t, tol=1e-13), _fp_helper],
+    ids=["tol-1e-10", "tol-1e-13", "newton_root"],
 )
 def test_fixed_point_right_answers(answer):
     fb = ch3.check_fixed_point_grad(answer, strict=True)
@@ -78,7 +85,14 @@ def test_fixed_point_right_answers(answer):
     [
         (_fp_scan, "its jaxpr has scan but no custom_root"),
         (_fp_python_loop, "your function does not call lax.custom_root"),
-        (_fp_while_loop, "jax.grad of your function raised ValueError: Reverse-mode"),
+        (
+            _fp_while_loop,
+            "jax.jacrev of your function raised ValueError: Reverse-mode",
+        ),
+        (
+            lambda t: _fp_root(t, scalar=True),
+            "a scalar division such as y / g(1.0) only works for a scalar x",
+        ),
         (lambda t: _fp_root(t, tol=3e-3), "x* differs from the reference at index"),
         (
             lambda t: _fp_root(t, cos_scale=0.49),
@@ -97,6 +111,7 @@ def test_fixed_point_right_answers(answer):
         "scan",
         "python-loop",
         "while-loop",
+        "scalar-tangent-solve",
         "loose-tol",
         "wrong-equation",
         "stop-gradient",
@@ -114,12 +129,12 @@ def test_fixed_point_near_misses(answer, quote):
 @pytest.mark.parametrize(
     "answer, quote",
     [
-        (_fp_root(jnp.asarray(0.3)), "you passed a value (ArrayImpl of shape ())"),
+        (_fp_root(jnp.full(3, 0.3)), "you passed a value (ArrayImpl of shape (3,))"),
         (0.3, "you passed a value (float)"),
         (lambda t: _fp_root(t) * jnp.nan, "nan/inf does not match"),
-        (lambda t: jnp.stack([_fp_root(t)] * 2), "has shape (4, 2), expected (4,)"),
+        (lambda t: jnp.stack([_fp_root(t)] * 2), "has shape (4, 2, 3), expected (4, 3)"),
         (lambda t: _fp_root(t).astype(jnp.int32), "expected a floating dtype"),
-        (lambda t: float(_fp_root(t)), "raised ConcretizationTypeError"),
+        (lambda t: float(_fp_root(t)[0]), "raised ConcretizationTypeError"),
         (_failing, "raised ValueError: boom in the student's code"),
     ],
     ids=[
@@ -315,7 +330,7 @@ def _times(fn, factor):
 
 
 def test_fixed_point_tolerance_is_pinned():
-    # the chapter's solver (|F(x)| <= 1e-6) is off by 4.3e-7; FIXED_POINT_TOL is 3e-6
+    # a solve stopped at |F(x)| <= 1e-10 is off by 3.4e-11; FIXED_POINT_TOL is 3e-10
     tol = ch3.FIXED_POINT_TOL
     far = ch3.check_fixed_point_grad(_times(_fp_helper, 1 + 3 * tol))
     assert not far.passed and "x* differs from the reference" in str(far), str(far)
@@ -325,10 +340,10 @@ def test_fixed_point_tolerance_is_pinned():
 
 def test_fixed_point_float32_answer_is_told_the_dtype():
     def fp32(theta):
-        x0 = jnp.zeros((), jnp.float32)
-        F = lambda x: 0.5 * jnp.cos(x) + theta - x  # noqa: E731
+        x0 = jnp.zeros(3, jnp.float32)
+        F = lambda x: 0.5 * jnp.cos(M @ x) + theta - x  # noqa: E731
         solve = lambda F, x0: lax.fori_loop(0, 60, lambda i, x: x + F(x), x0)  # noqa: E731
-        return lax.custom_root(F, x0, solve, lambda g, y: y / g(1.0))
+        return lax.custom_root(F, x0, solve, implicit.dense_tangent_solve)
 
     fb = ch3.check_fixed_point_grad(fp32)
     assert not fb.passed

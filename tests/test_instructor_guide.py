@@ -50,15 +50,27 @@ def _stub(*args, **kwargs):
     raise NotImplementedError
 
 
+_M = ch3_checks.FIXED_POINT_M
+
+
 def _while_loop_solve(theta):
-    body = lambda c: (0.5 * jnp.cos(c[0]) + theta, c[1] + 1)  # noqa: E731
+    body = lambda c: (0.5 * jnp.cos(_M @ c[0]) + theta, c[1] + 1)  # noqa: E731
     return lax.while_loop(lambda c: c[1] < 100, body, (jnp.zeros_like(theta), 0))[0]
+
+
+def _scalar_tangent_solve(theta):
+    F = lambda x: 0.5 * jnp.cos(_M @ x) + theta - x  # noqa: E731
+
+    def solve(F, x0):
+        return lax.fori_loop(0, 200, lambda i, x: x + F(x), x0)
+
+    return lax.custom_root(F, jnp.zeros_like(theta), solve, lambda g, y: y / g(1.0))
 
 
 def _five_iterations(theta):
     x = jnp.zeros_like(theta)
     for _ in range(5):
-        x = 0.5 * jnp.cos(x) + theta
+        x = 0.5 * jnp.cos(jnp.asarray(_M, x.dtype) @ x) + theta
     return x
 
 
@@ -81,7 +93,7 @@ def _loose_tolerance_check(strict: bool = False):
 
 
 def _scan_fixed_point(theta):
-    step = lambda x, _: (0.5 * jnp.cos(x) + theta, None)  # noqa: E731
+    step = lambda x, _: (0.5 * jnp.cos(_M @ x) + theta, None)  # noqa: E731
     return lax.scan(step, jnp.zeros_like(theta), length=200)[0]
 
 
@@ -327,8 +339,13 @@ MISTAKES = [
     Mistake(
         "ch3-while-loop",
         lambda: ch3_checks.check_fixed_point_grad(_while_loop_solve),
-        "jax.grad of your function raised ValueError: Reverse-mode differentiation does not work for "
+        "jax.jacrev of your function raised ValueError: Reverse-mode differentiation does not work for "
         "lax.while_loop or lax.fori_loop with dynamic start/stop values",
+    ),
+    Mistake(
+        "ch3-scalar-tangent-solve",
+        lambda: ch3_checks.check_fixed_point_grad(_scalar_tangent_solve),
+        "a scalar division such as y / g(1.0) only works for a scalar x",
     ),
     Mistake(
         "ch3-scan",
@@ -337,8 +354,8 @@ MISTAKES = [
     ),
     Mistake(
         "ch3-value-not-function",
-        lambda: ch3_checks.check_fixed_point_grad(_five_iterations(jnp.asarray(0.3))),
-        "my_fixed_point should be a function, but you passed a value (ArrayImpl of shape ()); "
+        lambda: ch3_checks.check_fixed_point_grad(_five_iterations(jnp.full(3, 0.3))),
+        "my_fixed_point should be a function, but you passed a value (ArrayImpl of shape (3,)); "
         "pass the function itself, without calling it",
     ),
     Mistake(
