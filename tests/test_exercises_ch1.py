@@ -284,7 +284,10 @@ def _nan_interval_by_grid():
     """The NaN set of grad(bump) found independently: a dense float32 grid per side."""
     g = jax.jit(jax.vmap(jax.grad(ch1.bump)))
     ends = []
-    for sign, grid in ((-1, np.logspace(-6, 0, 100001)), (1, np.logspace(-25, -1, 100001))):
+    for sign, grid in (
+        (-1, np.logspace(-6, 0, 100001)),
+        (1, np.logspace(-25, -1, 100001)),
+    ):
         xs = (sign * grid).astype(np.float32)
         nan = np.isnan(np.asarray(g(jnp.asarray(xs))))
         assert nan[0] and not nan[-1]
@@ -315,7 +318,11 @@ def test_nan_interval_tolerance_is_pinned():
 
 
 NEAR_MISSES_13A = [
-    ("the old statement: 0 and left of it", (-np.inf, 0.0), "move the left end toward 0"),
+    (
+        "the old statement: 0 and left of it",
+        (-np.inf, 0.0),
+        "move the left end toward 0",
+    ),
     ("rounded to -0.0113", (-0.0113, 1.0842e-19), "move the left end toward 0"),
     ("x <= 0 only", (-0.011271, 0.0), "move the right end away from 0"),
     (

@@ -132,7 +132,10 @@ def test_fixed_point_near_misses(answer, quote):
         (_fp_root(jnp.full(3, 0.3)), "you passed a value (ArrayImpl of shape (3,))"),
         (0.3, "you passed a value (float)"),
         (lambda t: _fp_root(t) * jnp.nan, "nan/inf does not match"),
-        (lambda t: jnp.stack([_fp_root(t)] * 2), "has shape (4, 2, 3), expected (4, 3)"),
+        (
+            lambda t: jnp.stack([_fp_root(t)] * 2),
+            "has shape (4, 2, 3), expected (4, 3)",
+        ),
         (lambda t: _fp_root(t).astype(jnp.int32), "expected a floating dtype"),
         (lambda t: float(_fp_root(t)[0]), "raised ConcretizationTypeError"),
         (_failing, "raised ValueError: boom in the student's code"),

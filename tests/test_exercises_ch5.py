@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax import lax
 
@@ -187,7 +186,8 @@ def test_row_right_answers_pass_any_method_is_accepted():
         fb = ch5.check_row_update_second_derivative(answer, strict=True)
         assert fb.passed
     assert (
-        f"3 matrices, float64, |error| <= {ch5.ROW_ATOL:g} + {ch5.ROW_RTOL:g}" in text(fb)
+        f"3 matrices, float64, |error| <= {ch5.ROW_ATOL:g} + {ch5.ROW_RTOL:g}"
+        in text(fb)
     )
 
 

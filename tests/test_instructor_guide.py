@@ -705,7 +705,9 @@ def render_answer_key() -> str:
 def test_answer_key_is_the_chapters_solutions():
     """answer_key.md holds exactly the solution cells of the chapters, in order."""
     want = render_answer_key()
-    assert ANSWER_KEY.exists(), "answer_key.md is missing: run this file with --write-answer-key"
+    assert ANSWER_KEY.exists(), (
+        "answer_key.md is missing: run this file with --write-answer-key"
+    )
     assert ANSWER_KEY.read_text() == want, (
         "answer_key.md differs from the chapters' solution cells: "
         "PYTHONPATH=src:. python tests/test_instructor_guide.py --write-answer-key"
@@ -770,7 +772,9 @@ def test_workshop_timings_add_up():
         )
         assert split, f"Chapter {n}: Time without a demo/exercises split"
         total, demo, exercises = map(int, split.groups())
-        assert demo + exercises == total, f"Chapter {n}: {demo} + {exercises} != {total}"
+        assert demo + exercises == total, (
+            f"Chapter {n}: {demo} + {exercises} != {total}"
+        )
         listed = sections[n].split("**Exercises, in order")[1].split("- **Mistakes")[0]
         assert sum(_minutes(r"\((\d+) min", listed)) == exercises, (
             f"Chapter {n}: the exercises listed do not sum to {exercises} min"
@@ -803,7 +807,8 @@ def test_every_error_the_guide_names_is_on_its_chapter_page():
     text = GUIDE.read_text()
     quoted = " ".join(m.quote for m in MISTAKES)
     for n, section in _chapter_sections(text).items():
-        if n == 0:  # Chapter 0's section describes install failures the page cannot show
+        # Chapter 0 describes install failures that its page cannot show
+        if n == 0:
             continue
         source = next(book.CHAPTERS.glob(f"0{n}_*.md")).read_text()
         for name in sorted(set(re.findall(r"\b([A-Z]\w*Error)\b", section))):

@@ -367,7 +367,9 @@ def _bisect_magnitude(sign: float, nan_small: bool = True) -> float:
     """
     lo, hi = np.float32(1e-38).view(np.int32), np.float32(1.0).view(np.int32)
     if not _grad_bump_is_nan(sign * float(np.int32(lo).view(np.float32))):
-        raise RuntimeError("grad(bump) is finite next to 0: the exercise needs updating")
+        raise RuntimeError(
+            "grad(bump) is finite next to 0: the exercise needs updating"
+        )
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if _grad_bump_is_nan(sign * float(np.int32(mid).view(np.float32))):
@@ -398,25 +400,26 @@ def check_nan_interval(
     is answered with the gradient at a point between it and the true end, so the
     message says which way to move it without giving it away.
     """
-    answer, early = exercises.given_answer(
+    given, early = exercises.given_answer(
         EX3A, answer, what="my_nan_interval()", strict=strict
     )
     if early is not None:
         return early
     try:
-        a, b = (float(v) for v in answer)
+        a, b = (float(v) for v in given)
     except (TypeError, ValueError):
         return exercises.verdict(
             EX3A,
             [
                 "answer must be a pair of numbers (a, b): the gradient is NaN for "
-                f"a <= x <= b; got {type(answer).__name__} {answer!r:.60}"
+                f"a <= x <= b; got {type(given).__name__} {given!r:.60}"
             ],
             strict=strict,
         )
     if not a < b:
         return exercises.verdict(
-            EX3A, [f"the left end must be below the right end; got ({a:g}, {b:g})"],
+            EX3A,
+            [f"the left end must be below the right end; got ({a:g}, {b:g})"],
             strict=strict,
         )
     true_a, true_b = nan_interval_measured()
@@ -428,7 +431,9 @@ def check_nan_interval(
         if np.sign(got) == np.sign(want) and np.isfinite(got) and got != 0:
             probe = float(np.sign(want) * np.sqrt(abs(got) * abs(want)))
         else:
-            probe = want * (10.0 if abs(got) > abs(want) or not np.isfinite(got) else 0.1)
+            probe = want * (
+                10.0 if abs(got) > abs(want) or not np.isfinite(got) else 0.1
+            )
         slope = float(jax.grad(bump)(jnp.float32(probe)))
         inside = a <= probe <= b
         if inside:

@@ -96,9 +96,10 @@ def _dtype_hint(text: str) -> str:
     return ""
 
 
-def _failed_with_hint(value: object) -> str | None:
-    msg = failed(value)
-    return msg + _dtype_hint(msg) if msg else None
+def _failed_with_hint(value: object) -> str:
+    """The failure message of ``value`` with a dtype hint ("" if it did not fail)."""
+    msg = failed(value) or ""
+    return msg + _dtype_hint(msg)
 
 
 #: Exercise 3.1: the fixed point is ``x* = ½ cos(M x*) + θ`` for ``θ`` in R^3, with this
@@ -134,7 +135,10 @@ def _exercise1_jacobian(x: jax.Array) -> jax.Array:
 
 
 def _tangent_hint(text: str) -> str:
-    if "primal and tangent shapes" in text or "tangent shape" in text:
+    if any(
+        k in text
+        for k in ("primal and tangent shapes", "tangent shape", "tangent aval")
+    ):
         return (
             "\n    For a vector x, tangent_solve(g, y) must solve the linear system "
             "g(t) = y for t, where g is a linear map on vectors like x: a scalar "
@@ -168,7 +172,8 @@ def check_fixed_point_grad(
         if is_stub(got):
             return verdict(_EX1, [], attempted=False, strict=strict)
         if failed(got):
-            return verdict(_EX1, [_failed_with_hint(got)], strict=strict)
+            msg = _failed_with_hint(got)
+            return verdict(_EX1, [msg + _tangent_hint(msg)], strict=strict)
         want = _exercise1_reference(thetas)
         problems = tree_mismatches(got, want, rtol=tol, atol=tol, name="x*")
         if problems:
@@ -188,7 +193,7 @@ def check_fixed_point_grad(
             jax.vmap(jax.jacrev(fn)), thetas, what="jax.jacrev of your function"
         )
         if failed(jac):
-            msg = _failed_with_hint(jac) or ""
+            msg = _failed_with_hint(jac)
             return verdict(_EX1, [msg + _tangent_hint(msg)], strict=strict)
         # right numbers from an unrolled loop are not the exercise: read the jaxpr
         method = _method_problem(fn, thetas[2], _EX1)
@@ -199,7 +204,7 @@ def check_fixed_point_grad(
         )
         jitted = call_answer(jax.jit(fn), thetas[2], what="your function under jit")
         if failed(jitted):
-            problems.append(failed(jitted))
+            problems.append(_failed_with_hint(jitted))
         success = (
             f"calls custom_root; x* and jax.jacrev match the closed form to {tol:g} "
             "(absolute plus relative) under vmap, and jit works"
