@@ -170,30 +170,37 @@ def test_fixed_point_stub_is_not_attempted():
 
 
 def _sqrtm(A, start=1.0, tol=1e-12):
-    F = lambda X, A: X @ X - A
+    """A^(-1/2) by Newton on X A X - I (the helper)."""
+    F = lambda X, A: X @ A @ X - jnp.eye(A.shape[0], dtype=A.dtype)  # noqa: E731
     return implicit.newton_root(
         F, start * jnp.eye(A.shape[0], dtype=A.dtype), A, tol=tol
     )[0]
 
 
-def _sqrtm_direct(
-    A,
-):  # custom_root by hand: Denman–Beavers iteration, dense tangent solve
-    F = lambda X: X @ X - A
+def _sqrtm_direct(A):  # custom_root by hand: Denman-Beavers, then X^-1; dense tangent
+    F = lambda X: jnp.linalg.inv(X @ X) - A  # noqa: E731
 
     def solve(F, X0):
         def step(_, carry):
             Y, Z = carry
             return 0.5 * (Y + jnp.linalg.inv(Z)), 0.5 * (Z + jnp.linalg.inv(Y))
 
-        return lax.fori_loop(0, 30, step, (A, jnp.eye(A.shape[0], dtype=A.dtype)))[0]
+        eye = jnp.eye(A.shape[0], dtype=A.dtype)
+        return lax.fori_loop(0, 30, step, (A, eye))[1]  # Z -> A^(-1/2)
 
-    return lax.custom_root(F, A, solve, implicit.dense_tangent_solve)
+    return lax.custom_root(
+        F, jnp.eye(A.shape[0], dtype=A.dtype), solve, implicit.dense_tangent_solve
+    )
+
+
+def _square_root(A):  # the chapter's square-root pattern, renamed: the wrong root
+    F = lambda X, A: X @ X - A  # noqa: E731
+    return implicit.newton_root(F, jnp.eye(A.shape[0], dtype=A.dtype), A, tol=1e-12)[0]
 
 
 def _sqrtm_eigh(A):
     w, q = jnp.linalg.eigh(A)
-    return (q * jnp.sqrt(w)) @ q.T
+    return (q / jnp.sqrt(w)) @ q.T
 
 
 @pytest.mark.parametrize(
@@ -208,14 +215,22 @@ def test_sqrtm_right_answers(answer):
     [
         (_sqrtm_eigh, "its jaxpr has eigh but no custom_root"),
         (jax.scipy.linalg.sqrtm, "Differentiation rule for 'schur' not implemented"),
-        (lambda A: _sqrtm(A, start=-1.0), "you found -X, the negative square root"),
+        (lambda A: _sqrtm(A, start=-1.0), "you found -X, the negative root"),
+        (_square_root, "you returned A^(1/2), the square root"),
         (lambda A: _sqrtm(A, tol=1e-1), "X differs from the reference at index"),
         (
             lambda A: _sqrtm(A) + 0.1 * (A - lax.stop_gradient(A)),
             "dX differs from the reference at index",
         ),
     ],
-    ids=["eigh", "scipy-sqrtm", "negative-root", "loose-newton", "wrong-tangent"],
+    ids=[
+        "eigh",
+        "scipy-sqrtm",
+        "negative-root",
+        "square-root",
+        "loose-newton",
+        "wrong-tangent",
+    ],
 )
 def test_sqrtm_near_misses(answer, quote):
     fb = ch3.check_sqrtm(answer)
@@ -228,12 +243,15 @@ def test_sqrtm_near_misses(answer, quote):
     [
         (jnp.eye(3), "you passed a value (ArrayImpl of shape (3, 3))"),
         (lambda A: _sqrtm(A) * jnp.nan, "nan/inf does not match"),
-        (lambda A: _sqrtm(A)[:2], "your sqrtm returns shape (2, 3) for a 3x3 A"),
+        (lambda A: _sqrtm(A)[:2], "your inv_sqrtm returns shape (2, 3) for a 3x3 A"),
         (
             lambda A: implicit.newton_root(
-                lambda X, A: X @ X - A, jnp.eye(3, dtype=A.dtype), A, tol=1e-12
+                lambda X, A: X @ A @ X - jnp.eye(3, dtype=A.dtype),
+                jnp.eye(3, dtype=A.dtype),
+                A,
+                tol=1e-12,
             ),
-            "your sqrtm returns a tuple of 2 items; return the matrix X alone "
+            "your inv_sqrtm returns a tuple of 2 items; return the matrix X alone "
             "(implicit.newton_root returns (X, SolverInfo): take [0])",
         ),
         (
@@ -354,7 +372,8 @@ def test_fixed_point_float32_answer_is_told_the_dtype():
 
 
 def test_sqrtm_tolerance_is_pinned():
-    # Newton from the identity is off by 2.9e-14, Denman-Beavers by 4e-16; SQRTM_TOL 3e-13
+    # Newton from the identity is off by 1.3e-14, Denman-Beavers by 1.4e-16;
+    # SQRTM_TOL is 1e-13
     tol = ch3.SQRTM_TOL
     far = ch3.check_sqrtm(_times(_sqrtm, 1 + 3 * tol))
     assert not far.passed and "X differs from the reference" in str(far), str(far)
@@ -369,3 +388,20 @@ def test_tolerance_fix_tolerance_is_pinned():
         assert not far.passed and "differs from the reference" in str(far), str(far)
         assert "tighten the solver's tolerance" in str(far)
         assert ch3.check_tolerance_fix(_times(_grad_closed_form, 1 + 0.3 * rtol))
+
+
+def test_sqrtm_reference_derivative_matches_finite_differences():
+    """The checker's Daleckii-Krein tangent against central differences (float64)."""
+    with jax.enable_x64(True):
+        m = jnp.array([[2.0, 0.3, 0.0], [0.1, 1.5, 0.2], [0.0, 0.4, 1.0]])
+        a = m @ m.T + 0.5 * jnp.eye(3)
+        da = jnp.array([[1.0, 0.5, -0.2], [0.5, 0.0, 0.3], [-0.2, 0.3, -1.0]])
+        x, deriv = ch3._sqrtm_reference(a)
+        assert float(jnp.max(jnp.abs(x @ a @ x - jnp.eye(3)))) < 1e-14
+        eps = 1e-6
+        fd = (
+            ch3._sqrtm_reference(a + eps * da)[0]
+            - ch3._sqrtm_reference(a - eps * da)[0]
+        ) / (2 * eps)
+        # measured 2.3e-10 (the O(eps^2) truncation of central differences)
+        assert float(jnp.max(jnp.abs(fd - deriv(da)))) < 2e-9

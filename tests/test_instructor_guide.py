@@ -98,13 +98,18 @@ def _scan_fixed_point(theta):
 
 
 def _negative_sqrtm(a):
-    f = lambda x, a: x @ x - a  # noqa: E731
+    f = lambda x, a: x @ a @ x - jnp.eye(a.shape[0], dtype=a.dtype)  # noqa: E731
     return implicit.newton_root(f, -jnp.eye(a.shape[0], dtype=a.dtype), a, tol=1e-12)[0]
 
 
 def _eigh_sqrtm(a):
     w, q = jnp.linalg.eigh(a)
-    return (q * jnp.sqrt(w)) @ q.T
+    return (q / jnp.sqrt(w)) @ q.T
+
+
+def _square_root(a):
+    f = lambda x, a: x @ x - a  # noqa: E731
+    return implicit.newton_root(f, jnp.eye(a.shape[0], dtype=a.dtype), a, tol=1e-12)[0]
 
 
 def _ch4_mse(w, X, y):
@@ -371,7 +376,13 @@ MISTAKES = [
     Mistake(
         "ch3-negative-root",
         lambda: ch3_checks.check_sqrtm(_negative_sqrtm),
-        "you found -X, the negative square root",
+        "you found -X, the negative root",
+    ),
+    Mistake(
+        "ch3-square-root",
+        lambda: ch3_checks.check_sqrtm(_square_root),
+        "you returned A^(1/2), the square root; the exercise asks for X = A^(-1/2), the "
+        "X with X A X = I: change the equation, not the start",
     ),
     Mistake(
         "ch3-loose-tolerance",
@@ -387,10 +398,13 @@ MISTAKES = [
         "ch3-sqrtm-tuple",
         lambda: ch3_checks.check_sqrtm(
             lambda a: implicit.newton_root(
-                lambda x, a: x @ x - a, jnp.eye(3, dtype=a.dtype), a, tol=1e-12
+                lambda x, a: x @ a @ x - jnp.eye(3, dtype=a.dtype),
+                jnp.eye(3, dtype=a.dtype),
+                a,
+                tol=1e-12,
             )
         ),
-        "your sqrtm returns a tuple of 2 items; return the matrix X alone "
+        "your inv_sqrtm returns a tuple of 2 items; return the matrix X alone "
         "(implicit.newton_root returns (X, SolverInfo): take [0])",
     ),
     Mistake(
@@ -576,7 +590,7 @@ def test_every_chapter4_checker_the_guide_names_exists_and_chapter4_calls_it():
 
 def test_every_exercise_function_the_guide_names_is_defined_in_a_chapter():
     """Stub and fixture names the guide tells students to edit (``my_*`` and the like) exist."""
-    pattern = r"`(my_\w+|repeat_sin_each|bump_safe|suspicious_grad|fixed_grad|sqrtm|buggy_\w+|kinetic_\w+)[`(]"
+    pattern = r"`(my_\w+|repeat_sin_each|bump_safe|suspicious_grad|fixed_grad|inv_sqrtm|buggy_\w+|kinetic_\w+)[`(]"
     named = sorted(set(re.findall(pattern, GUIDE.read_text())))
     assert named, "the guide names no exercise function"
     chapters = "\n".join(p.read_text() for p in book.chapter_sources())
