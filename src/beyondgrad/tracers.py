@@ -75,7 +75,8 @@ PyTree = Any
 
 def _total(out: PyTree) -> jax.Array:
     """Scalar ``s(out) = sum over leaves of sum(leaf)``: what ``grad``/``vjp`` differentiate."""
-    return sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(out))
+    total = sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(out))
+    return jnp.asarray(total)
 
 
 def _ones_like(tree: PyTree) -> PyTree:
