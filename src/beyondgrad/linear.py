@@ -24,7 +24,7 @@ import io
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -73,6 +73,7 @@ def _match_tree(value: Any, example: Any, name: str, example_name: str) -> None:
     """ValueError for a structure/shape mismatch, TypeError for a dtype mismatch."""
     v_leaves, v_def = jax.tree_util.tree_flatten(value)
     e_leaves, e_def = jax.tree_util.tree_flatten(example)
+    v_def, e_def = cast(Any, v_def), cast(Any, e_def)  # PyTreeDef has no stubs
     if v_def != e_def:
         raise ValueError(
             f"{name} has pytree structure {v_def}, but {example_name} has {e_def}"
@@ -121,7 +122,7 @@ def _unwrap_single(result: Any, example: Any) -> Any:
     if (
         isinstance(result, tuple)
         and len(result) == 1
-        and jax.tree_util.tree_structure(result)
+        and cast(Any, jax.tree_util.tree_structure(result))
         != jax.tree_util.tree_structure(example)
     ):
         return result[0]
@@ -133,6 +134,7 @@ def _unwrap_single(result: Any, example: Any) -> Any:
 
 def _random_like(key: jax.Array, tree: Any) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
+    treedef = cast(Any, treedef)
     keys = jax.random.split(key, len(leaves))
     return treedef.unflatten(
         [
@@ -191,7 +193,7 @@ def vjp_from_linearize(
     _require_inexact(out, "f's output")
     f_transpose = jax.linear_transpose(f_jvp, *primals)
 
-    out_tree = jax.tree_util.tree_structure(out)
+    out_tree: Any = jax.tree_util.tree_structure(out)
 
     def vjp_fn(cotangent: PyTree) -> tuple[PyTree, ...]:
         if jax.tree_util.tree_structure(cotangent) == out_tree:

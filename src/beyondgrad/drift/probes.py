@@ -499,12 +499,8 @@ def ch2_vjp_transpose_path() -> str:
 
     import jax
     import jax.numpy as jnp
+    from jax.extend.core import Primitive  # present from 0.5.3, the oldest recorded
     from jax.interpreters import ad, mlir
-
-    try:
-        from jax.extend.core import Primitive
-    except ImportError:  # older releases
-        from jax.core import Primitive
 
     def double_impl(a):
         return 2.0 * a
