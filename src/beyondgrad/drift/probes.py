@@ -845,6 +845,60 @@ def jvp_varying_tangent_hole() -> str:
     return f"tangent type {seen[0]}; returned {_short(out)}"
 
 
+def _jvp_hole(fn_name: str) -> str:
+    """jvp of ``fn_name`` at an invariant primal with a varying tangent, out_specs=P().
+
+    The forms differ in the JVP rule that types the output tangent: a primitive's own
+    rule (``lax.sin``), the rule of a ``jit``-ed call (``jit(lax.sin)``; jnp functions
+    are ``jit``-ed too) and a bilinear primitive's raw ``bind`` (``lax.mul``)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    fns = {
+        "lax.sin": lax.sin,
+        "jit(lax.sin)": jax.jit(lax.sin),
+        "lax.mul": lambda q: lax.mul(q, jnp.full_like(q, 2.0)),
+    }
+    p0 = jnp.array([0.5])
+    seen = []
+
+    def tangent(t):
+        out = jax.jvp(fns[fn_name], (p0,), (t,))[1]
+        seen.append(_typeof(out))
+        return out
+
+    out = _shard_map(tangent, _mesh(), _P("data"), _P())(jnp.arange(1.0, 9.0))
+    return f"tangent type {seen[0]}; returned {_short(out)}"
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp of lax.sin (no jit) at an invariant primal, varying tangent, out_specs=P()",
+)
+def jvp_hole_lax_sin() -> str:
+    return _jvp_hole("lax.sin")
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp of jax.jit(lax.sin) at an invariant primal, varying tangent, out_specs=P()",
+)
+def jvp_hole_jit_sin() -> str:
+    return _jvp_hole("jit(lax.sin)")
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp of lax.mul(q, full_like(q, 2.0)) at an invariant primal, varying tangent",
+)
+def jvp_hole_lax_mul() -> str:
+    return _jvp_hole("lax.mul")
+
+
 @_probe(
     CH4, "4.7 Loop carries", "fori_loop carry from invariant zeros plus a varying value"
 )
