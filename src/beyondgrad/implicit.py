@@ -211,9 +211,15 @@ def iterative_tangent_solve(
     """A tangent solver that never builds a matrix: GMRES or CG inside ``lax.custom_linear_solve``.
 
     ``custom_linear_solve`` tells JAX that the result is ``A^{-1} y`` and how to solve
-    with ``A^T``, so reverse mode transposes the solve instead of trying to transpose the
-    iterative method's ``while_loop`` (which JAX cannot do). ``cg`` needs a symmetric
-    definite ``A`` (e.g. a Hessian); ``gmres`` takes any invertible ``A``.
+    with ``A^T``, so reverse mode transposes the solve as a whole. Calling JAX's
+    ``gmres``/``cg`` directly on the tangent ``y`` fails under reverse mode
+    (jax-ml/jax#5309): they compute their initial guess and stopping tolerances from
+    ``y`` (``atol = max(tol * |y|, atol)``) before their own ``custom_linear_solve``,
+    so its ``solve`` closes over values that depend on the linear input, which the
+    transpose rule rejects (``NotImplementedError``). Wrapped here, ``y`` is only the
+    outer right-hand side and the inner solver runs on known cotangents. ``cg`` needs
+    a symmetric positive-definite ``A`` (e.g. a Hessian); ``gmres`` takes any
+    invertible ``A``.
     """
     if method not in ("gmres", "cg"):
         raise ValueError(f"method must be 'gmres' or 'cg', got {method!r}")
