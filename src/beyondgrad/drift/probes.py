@@ -914,6 +914,286 @@ def loop_carry_invariant_init() -> str:
     )
 
 
+# ------------------------------------------------- Chapter 4: the rest of the type system
+# Probes added for the global view (Explicit axes, unreduced/reduced), jax_auto_pcast,
+# pmap as shard_map, custom rules with varying arguments and Hessian-vector products.
+
+
+def _explicit_mesh(shape: tuple[int, ...] = (2, 4), names=("x", "y")):
+    """A mesh of the first 8 CPU devices whose axes are all Explicit."""
+    import jax
+    from jax.sharding import AxisType
+
+    return jax.make_mesh(
+        shape,
+        names,
+        axis_types=(AxisType.Explicit,) * len(shape),
+        devices=jax.devices("cpu")[:8],
+    )
+
+
+def _mesh_context(mesh):
+    """``jax.set_mesh(mesh)`` where it exists, else ``jax.sharding.use_mesh``."""
+    import jax
+
+    set_mesh = getattr(jax, "set_mesh", None)
+    if set_mesh is None:
+        set_mesh = jax.sharding.use_mesh
+    return set_mesh(mesh)
+
+
+@_probe(
+    CH4,
+    "4.4 Collectives change the type",
+    "lax.pbroadcast(a, ('data',), source=0) on a varying block: the result type "
+    "(traced only: CPU has no lowering)",
+)
+def pbroadcast_type() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    if not hasattr(lax, "pbroadcast"):
+        return "no lax.pbroadcast"
+    seen = []
+
+    def body(a):
+        b = lax.pbroadcast(a, ("data",), source=0)
+        seen.append(f"{_typeof(a)} -> {_typeof(b)}")
+        return b
+
+    jax.make_jaxpr(_shard_map(body, _mesh(), _P("data"), _P("data")))(jnp.arange(8.0))
+    return seen[0]
+
+
+@_probe(
+    CH4,
+    "4.5 Casting by hand",
+    "psum of an invariant value with jax_auto_pcast=False (the option, where it exists)",
+)
+def auto_pcast_off_psum_invariant() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    if "jax_auto_pcast" not in jax.config.values:
+        return "no jax_auto_pcast option"
+    jax.config.update("jax_auto_pcast", False)
+    out = _shard_map(lambda w: lax.psum(w, "data"), _mesh(), _P(), _P())(jnp.ones(3))
+    return _short(out)
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "custom_jvp rule returning an invariant tangent (jnp.ones) for a varying input",
+)
+def custom_jvp_invariant_tangent() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_jvp
+    def f(v):
+        return jnp.sin(v)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (v,), _ = primals, tangents
+        return jnp.sin(v), jnp.ones(v.shape)
+
+    g = jax.grad(lambda v: jnp.sum(f(v)))
+    return _short(_shard_map(g, _mesh(), _P("data"), _P("data"))(jnp.arange(8.0)))
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "custom_vjp bwd returning an invariant cotangent (jnp.ones) for a varying input",
+)
+def custom_vjp_invariant_cotangent() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    class Sin:  # a callable object: newer JAX's message then names no source file
+        def __call__(self, v):
+            return jnp.sin(v)
+
+    f = jax.custom_vjp(Sin())
+    f.defvjp(lambda v: (jnp.sin(v), v), lambda v, ct: (jnp.ones(v.shape),))
+    g = jax.grad(lambda v: jnp.sum(f(v)))
+    return _short(_shard_map(g, _mesh(), _P("data"), _P("data"))(jnp.arange(8.0)))
+
+
+def _hvp_invariant_direction(fun_name: str, cast: bool = False) -> str:
+    """jvp of grad at a varying primal (this device's block) in an invariant direction
+    (jnp.ones), optionally cast to varying first; out_specs=P('data')."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    funs = {
+        "lax.mul": lambda v: lax.reduce_sum(lax.mul(v, v), (0,)),
+        "jnp.mean": lambda v: jnp.mean(v**2),
+    }
+
+    def hvp(xb):
+        d = jnp.ones(xb.shape, xb.dtype)
+        if cast:
+            d = _cast_varying(d, ("data",))
+        return jax.jvp(jax.grad(funs[fun_name]), (xb,), (d,))[1]
+
+    x = jnp.arange(16.0) / 10
+    return _short(_shard_map(hvp, _mesh(), _P("data"), _P("data"))(x))
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp(grad(sum(lax.mul(v, v)))) at a varying primal, invariant direction jnp.ones",
+)
+def hvp_invariant_direction_lax_mul() -> str:
+    return _hvp_invariant_direction("lax.mul")
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp(grad(jnp.mean(v**2))) at a varying primal, invariant direction jnp.ones",
+)
+def hvp_invariant_direction_jnp_mean() -> str:
+    return _hvp_invariant_direction("jnp.mean")
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "the same two Hessian-vector products with the direction cast to varying first",
+)
+def hvp_cast_direction() -> str:
+    return "; ".join(
+        f"{name}: {_hvp_invariant_direction(name, cast=True)}"
+        for name in ("lax.mul", "jnp.mean")
+    )
+
+
+@_probe(
+    CH4,
+    "4.8 `check_vma=False`",
+    "what jax.pmap traces to: a shard_map with check_vma=False, or xla_pmap",
+)
+def pmap_traces_to_shard_map() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    devices = jax.devices("cpu")[:8]
+    f = jax.pmap(lambda a: 2 * a, axis_name="data", devices=devices)
+    text = str(jax.make_jaxpr(f)(jnp.ones((8, 2))))
+    if "shard_map[" in text:
+        flags = [f for f in ("check_vma=False", "check_rep=False") if f in text]
+        return f"shard_map, {flags[0] if flags else 'checks on'}"
+    return "xla_pmap" if "xla_pmap[" in text else text[:120]
+
+
+@_probe(
+    CH4,
+    "4.9 The global view: Auto, Explicit and Manual",
+    "typeof of an (8, 4) array put as P('x') on a 2x4 Explicit mesh, and of its "
+    "block inside shard_map",
+)
+def explicit_type_and_block() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    mesh = _explicit_mesh()
+    a = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, _P("x", None)))
+    seen = []
+
+    def body(b):
+        seen.append(_typeof(b))
+        return b
+
+    out = _shard_map(body, mesh, _P("x"), _P("x"))(a)
+    return f"global {_typeof(a)}; block {seen[0]}; out {_typeof(out)}"
+
+
+@_probe(
+    CH4,
+    "4.10 Unreduced and reduced",
+    "a contraction over a sharded dimension with out_sharding P('x', None, "
+    "unreduced={'y'}), then reshard to P('x', None)",
+)
+def unreduced_contraction() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    mesh = _explicit_mesh()
+    a = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, _P("x", "y")))
+    b = jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh, _P("y", None)))
+    spec = jax.sharding.PartitionSpec("x", None, unreduced={"y"})
+    reshard = getattr(jax, "reshard", None) or jax.sharding.reshard
+    with _mesh_context(mesh):
+        c = jnp.matmul(a, b, out_sharding=spec)
+        r = reshard(c, _P("x", None))
+    import numpy as np
+
+    return f"{_typeof(c)} -> {_typeof(r)}, row 0 = {_short(np.asarray(r)[0])}"
+
+
+@_probe(
+    CH4,
+    "4.10 Unreduced and reduced",
+    "inside shard_map: grad with respect to a parameter cast to reduced, then psum",
+)
+def reduced_param_grad_type() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    seen = []
+
+    def body(w, xb):
+        wr = lax.pcast(w, "data", to="reduced")
+        g = jax.grad(lambda v: jnp.sum(jnp.sin(xb @ v)))(wr)
+        s = lax.psum(g, "data")
+        seen.extend(_typeof(v) for v in (wr, g, s))
+        return s
+
+    X = jnp.arange(32.0).reshape(16, 2) / 10
+    f = jax.jit(_shard_map(body, _mesh(), (_P(), _P("data")), _P()))
+    out = f(jnp.array([1.0, -1.0]), X)
+    return f"w {seen[0]}, grad {seen[1]}, psum {seen[2]}: {_short(out)}"
+
+
+@_probe(
+    CH4,
+    "4.10 Unreduced and reduced",
+    "shard_map out_specs P(None, unreduced={'data'}) for per-device partial sums, "
+    "on an Explicit mesh, then reshard to P()",
+)
+def shard_map_out_specs_unreduced() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+
+    mesh = _explicit_mesh((8,), ("data",))
+    X = jax.device_put(
+        jnp.arange(32.0).reshape(16, 2), NamedSharding(mesh, _P("data"))
+    )
+    spec = jax.sharding.PartitionSpec(None, unreduced={"data"})
+
+    def body(xb):
+        return lax.pcast(jnp.sum(xb, axis=0), "data", to="unreduced")
+
+    reshard = getattr(jax, "reshard", None) or jax.sharding.reshard
+    with _mesh_context(mesh):
+        out = jax.jit(_shard_map(body, mesh, _P("data"), spec))(X)
+        r = reshard(out, _P())
+    return f"{_typeof(out)} -> {_typeof(r)} {_short(r)}"
+
+
 # ----------------------------------------------------------------------------- Chapter 5
 
 
