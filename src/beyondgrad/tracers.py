@@ -60,7 +60,7 @@ PyTree = Any
 
 def _total(out: PyTree) -> jax.Array:
     """Scalar ``s(out) = sum over leaves of sum(leaf)``: what ``grad``/``vjp`` differentiate."""
-    return sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(out))
+    return jnp.asarray(sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(out)))
 
 
 def _ones_like(tree: PyTree) -> PyTree:
