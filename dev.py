@@ -159,15 +159,24 @@ def ensure_env(env: Path, jax_spec: str) -> Path:
     print(f"[dev] installing into {env} ({', '.join(reqs)}) ...", flush=True)
     if not py.exists():
         venv.create(env, with_pip=True, clear=True)
-    uv_pip(
-        py,
-        "install",
-        "-r",
-        str(ROOT / "requirements.txt"),
-        "-e",
-        f"{ROOT}[chapters]",
-        *reqs,
-    )
+    try:
+        uv_pip(
+            py,
+            "install",
+            "-r",
+            str(ROOT / "requirements.txt"),
+            "-e",
+            f"{ROOT}[chapters]",
+            *reqs,
+        )
+    except subprocess.CalledProcessError:
+        hint = (
+            "the floor pins every direct dependency at its pyproject.toml lower bound: "
+            "raise the bound uv names above"
+            if jax_spec == "floor"
+            else "see uv's message above"
+        )
+        raise SystemExit(f"[dev] cannot install into {env}: {hint}") from None
     stamp_file.write_text(stamp)
     print(f"[dev] environment ready in {time.perf_counter() - t0:.0f} s", flush=True)
     return py
