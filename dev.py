@@ -213,8 +213,10 @@ def resolved_versions(py: Path) -> str:
     ).stdout.strip()
 
 
-def run_env(build: Path | None = None) -> dict[str, str]:
+def run_env(build: Path | None = None, jax_spec: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if jax_spec is not None:  # tests check the floor environment against pyproject.toml
+        env["BEYONDGRAD_JAX"] = jax_spec
     if (
         build is not None
     ):  # tools.book.build_dir(): caches of executed notebooks live here
@@ -321,12 +323,14 @@ def cmd_typecheck(py: Path) -> int:
 PARALLEL = ["-n", "auto", "--dist", "worksteal"]
 
 
-def cmd_test(py: Path, pytest_args: list[str], build: Path) -> int:
+def cmd_test(
+    py: Path, pytest_args: list[str], build: Path, jax_spec: str = "newest"
+) -> int:
     """Run pytest: the whole suite in parallel (``PARALLEL``), or exactly what
     ``pytest_args`` select, in one process."""
     args = pytest_args or PARALLEL
     rc = subprocess.run(
-        [str(py), "-m", "pytest", *args], cwd=ROOT, env=run_env(build)
+        [str(py), "-m", "pytest", *args], cwd=ROOT, env=run_env(build, jax_spec)
     ).returncode
     if rc == 5:  # pytest: no tests collected (e.g. a -k filter matched nothing)
         print("[dev] pytest collected no tests")
@@ -384,7 +388,7 @@ def main(argv: list[str]) -> int:
     if ns.command == "book":
         return cmd_book(py, ns.force or on_ci(), build)
     if ns.command == "test":
-        return cmd_test(py, ns.args, build)
+        return cmd_test(py, ns.args, build, ns.jax)
     if ns.command == "sync":
         return subprocess.run(
             [str(py), "-m", "tools.book"], cwd=ROOT, env=run_env(build)

@@ -66,3 +66,37 @@ def test_import_from_a_plain_checkout_reports_the_pyproject_floor():
     out = _run(code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == floor
+
+
+def test_floor_pins_every_direct_dependency_at_its_lower_bound():
+    import dev
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    direct = [*project["dependencies"], *project["optional-dependencies"]["chapters"]]
+    pins = dev.floor_pins()
+    assert len(pins) == len(direct) + 1  # and jaxlib, at jax's floor
+    for dep, pin in zip(direct, pins, strict=False):
+        name, bound = dep.split(">=")
+        assert pin == f"{name}=={bound}"
+    assert pins[-1] == f"jaxlib=={dev.jax_floor()}"
+    assert set(dev.dependency_names()) >= {"jax", "jaxlib", "numpy", "folx"}
+
+
+def test_floor_environment_has_the_lowest_allowed_versions():
+    """Under `dev.py --jax floor test` (CI's floor run): what is installed is the floor."""
+    import os
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if os.environ.get("BEYONDGRAD_JAX") != "floor":
+        import pytest
+
+        pytest.skip(
+            "not the floor environment (dev.py --jax floor sets BEYONDGRAD_JAX)"
+        )
+    import dev
+
+    for pin in dev.floor_pins():
+        name, want = pin.split("==")
+        assert Version(version(name)) == Version(want), (name, version(name), want)
