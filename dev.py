@@ -7,6 +7,7 @@
     python3 dev.py sync        # regenerate the notebooks (chapters/*.ipynb, notebooks/student/)
     python3 dev.py lint        # ruff check + ruff format --check
     python3 dev.py typecheck   # mypy over src/beyondgrad (config in pyproject.toml)
+    python3 dev.py mutate      # tools/mutate.py: deliberate bugs the tests must catch
     python3 dev.py chapter chapters/01_tracers.md   # execute one chapter, report errors and time
     python3 dev.py page chapters/01_tracers.md      # build only that chapter as a book, with -W
     python3 dev.py drift [--versions ...]  # probes under every JAX of tools/drift.py (drift.md)
@@ -344,7 +345,9 @@ def cmd_chapter(py: Path, paths: list[str], build: Path) -> int:
     ).returncode
 
 
-COMMANDS = ["book", "test", "sync", "lint", "typecheck", "chapter", "page", "setup"]
+COMMANDS = [
+    "book", "test", "sync", "lint", "typecheck", "mutate", "chapter", "page", "setup"
+]  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
@@ -397,6 +400,9 @@ def main(argv: list[str]) -> int:
         return cmd_lint(py)
     if ns.command == "typecheck":
         return cmd_typecheck(py)
+    if ns.command == "mutate":  # tools/mutate.py: deliberate bugs the tests must catch
+        cmd = [str(py), "-m", "tools.mutate", "--python", str(py), *ns.args]
+        return subprocess.run(cmd, cwd=ROOT, env=run_env(build)).returncode
     if ns.command == "chapter":
         return cmd_chapter(py, ns.args, build)
     if ns.command == "page":
