@@ -319,3 +319,19 @@ def test_headline_versions_pinned():
     ]
     assert pvary[0] == "0.6.0" and drift.version_key(pvary[-1]) < (0, 10)
     assert drift.outcome("api_lax_pvary", "0.10.2").exc_class == "AttributeError"
+
+
+def test_same_behaviour_exact_compares_message_and_frame():
+    """exact=True: also the message (addresses normalized) and the raising frame;
+    exact=False: kind, value and class only (frames move between releases)."""
+    a = drift.Outcome("raises", exc_class="TypeError", message="bad at 0x7f01",
+                      frame="jax/_src/core.py:10 f")  # fmt: skip
+    moved = drift.Outcome("raises", exc_class="TypeError", message="bad at 0x7f99",
+                          frame="jax/_src/core.py:12 f")  # fmt: skip
+    same_frame = drift.Outcome("raises", exc_class="TypeError", message="bad at 0x1",
+                               frame="jax/_src/core.py:10 f")  # fmt: skip
+    assert a.same_behaviour(same_frame) and not a.same_behaviour(moved)
+    assert a.same_behaviour(moved, exact=False)
+    other = drift.Outcome("raises", exc_class="ValueError", message="bad at 0x7f01",
+                          frame="jax/_src/core.py:10 f")  # fmt: skip
+    assert not a.same_behaviour(other, exact=False)

@@ -100,3 +100,31 @@ def test_floor_environment_has_the_lowest_allowed_versions():
     for pin in dev.floor_pins():
         name, want = pin.split("==")
         assert Version(version(name)) == Version(want), (name, version(name), want)
+
+
+def test_api_page_lists_every_public_name():
+    """api.md (the book's API reference) has an entry for every name in every module's
+    __all__, and is what tools/api.py generates (run `python3 -m tools.api`)."""
+    import importlib
+    import re
+
+    from tools import api
+
+    page = (ROOT / "api.md").read_text()
+    modules = api.public_modules()
+    assert {"beyondgrad.sharding", "beyondgrad.linear", "beyondgrad.slater"} <= set(
+        modules
+    )
+    missing = []
+    for module in modules:
+        section = page.split(f"## `{module}`\n", 1)
+        assert len(section) == 2, f"api.md has no section for {module}"
+        body = section[1].split("\n## `", 1)[0]
+        for name in importlib.import_module(module).__all__:
+            entry = re.search(
+                rf"^\.\. (auto\w+|py:data):: {re.escape(name)}$", body, re.M
+            )
+            if entry is None or f"`~{module}.{name}`" not in body:
+                missing.append(f"{module}.{name}")
+    assert not missing, f"not on api.md: {missing}; run python3 -m tools.api"
+    assert api.render() == page, "api.md is out of date: run python3 -m tools.api"

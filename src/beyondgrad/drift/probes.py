@@ -2,7 +2,7 @@
 
 Each probe is a function of no arguments that imports JAX itself, runs one behaviour
 and returns a short string (the value the chapter relies on) or lets the exception
-escape. The child runner (:mod:`beyondgrad.drift.child`) turns either into an outcome.
+escape. The child runner (``beyondgrad.drift.child``) turns either into an outcome.
 Probes run on every JAX from 0.6 to the newest, so API differences are guarded inside
 them (``jax.shard_map`` vs ``jax.experimental.shard_map``, ``check_vma`` vs
 ``check_rep``, ``lax.pcast`` vs ``lax.pvary``) and nothing here imports
