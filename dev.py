@@ -13,7 +13,8 @@
     python3 dev.py drift [--versions ...]  # probes under every JAX of tools/drift.py (drift.md)
 
 Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
---jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX), --force (book:
+--jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX; floor: every direct
+dependency of pyproject.toml at its lower bound), --force (book:
 re-execute every notebook, ignoring the cache; always on when CI=true), --upgrade
 (newest: upgrade jax, jaxlib, folx and numpy to their newest releases; always on when
 CI=true, so CI's newest environment really is the newest).
