@@ -128,3 +128,16 @@ def test_api_page_lists_every_public_name():
                 missing.append(f"{module}.{name}")
     assert not missing, f"not on api.md: {missing}; run python3 -m tools.api"
     assert api.render() == page, "api.md is out of date: run python3 -m tools.api"
+
+
+def test_every_mutant_of_the_mutation_check_still_applies(tmp_path):
+    """tools/mutate.py: each deliberate bug's text is in its file exactly once (a stale
+    mutant would be reported, not run: update it when the code moves)."""
+    import shutil
+
+    from tools import mutate
+
+    shutil.copytree(mutate.PACKAGE, tmp_path / "beyondgrad")
+    stale = {m.id: mutate.apply(m, tmp_path) for m in mutate.MUTANTS}
+    assert {k: v for k, v in stale.items() if v is not None} == {}
+    assert len({m.id for m in mutate.MUTANTS}) == len(mutate.MUTANTS) >= 15
