@@ -190,7 +190,9 @@ def upgrade_newest(py: Path) -> None:
     print(
         f"[dev] upgrading {', '.join(UPGRADED)} to the newest releases ...", flush=True
     )
-    uv_pip(py, "install", "--upgrade", *UPGRADED)
+    # --refresh-package: ask the index again, not uv's cached page of it.
+    refresh = [arg for name in UPGRADED for arg in ("--refresh-package", name)]
+    uv_pip(py, "install", "--upgrade", *refresh, *UPGRADED)
     print(f"[dev] upgraded in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
