@@ -207,3 +207,16 @@ def test_folx_sparse_forward_laplacian_of_a_slogdet():
         sparse = float(jax.jit(sparse_fn)(x).laplacian)
     for got in (dense, sparse):
         assert abs(got - reference) <= 2e-10 * abs(reference), (got, reference)
+
+
+def test_custom_root_integer_aux_probe_as_the_drift_record_says():
+    """compat's feature probe agrees with the drift record on every JAX: the probe
+    custom_root_int_aux raises a TypeError up to 0.11.1 and returns from 0.11.2
+    (an unrecorded release is held to the newest recorded one before it)."""
+    import drift_record
+
+    recorded = drift_record.expected("custom_root_int_aux")
+    assert recorded.kind in ("returns", "raises"), recorded
+    if recorded.kind == "raises":
+        assert recorded.exc_class == "TypeError", recorded
+    assert compat.custom_root_integer_aux_ok() is (recorded.kind == "returns")
