@@ -55,9 +55,7 @@ def chapter() -> dict:
         if cell.startswith("%%"):  # a cell magic (%%raises): not a definition
             continue
         source = "\n".join(  # drop options and line magics (%load_ext)
-            line
-            for line in cell.splitlines()
-            if not line.startswith((":", "%"))
+            line for line in cell.splitlines() if not line.startswith((":", "%"))
         )
         for node in ast.parse(source).body:
             if isinstance(node, ast.FunctionDef) and node.name in NAMES:

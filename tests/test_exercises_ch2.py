@@ -82,15 +82,27 @@ def test_check_transpose_accepts_right_answers(answer):
     assert fb.passed and "worst dot-product mismatch" in str(fb)
 
 
-def test_check_transpose_tolerance_is_the_stated_one():
-    """1e-5 relative: a 1e-7 slip passes, a 1e-4 slip fails."""
-    assert ch2.check_transpose(
-        lambda v: jax.tree.map(lambda a: a * (1 + 1e-7), hand_transpose(v))
-    ).passed
-    fb = ch2.check_transpose(
-        lambda v: jax.tree.map(lambda a: a * (1 + 1e-4), hand_transpose(v))
-    )
-    assert not fb.passed and "relative error 1.00e-04" in str(fb)
+def _scaled_transpose(factor, base=hand_transpose):
+    return lambda v: jax.tree.map(lambda a: a * factor, base(v))
+
+
+def test_check_transpose_tolerance_is_pinned():
+    # correct transposes differ from the reference by 1e-7..3e-7; TRANSPOSE_RTOL 2e-6
+    rtol = ch2.TRANSPOSE_RTOL
+    far = ch2.check_transpose(_scaled_transpose(1 + 3 * rtol))
+    assert not far.passed and "differs from the reference" in str(far), str(far)
+    assert ch2.check_transpose(_scaled_transpose(1 + 0.3 * rtol, dense_transpose))
+
+
+def test_check_dot_product_tolerance_is_pinned():
+    # correct transposes pass the dot-product test at 1.3e-8..3.3e-8; the tolerance is
+    # 3e-7, below TRANSPOSE_RTOL, so a slip the comparison forgives is caught here
+    tol = ch2.DOT_PRODUCT_TOL
+    assert 3 * tol < ch2.TRANSPOSE_RTOL
+    far = ch2.check_transpose(_scaled_transpose(1 + 3 * tol))
+    assert not far.passed and "dot-product test mismatch" in str(far), str(far)
+    near = ch2.check_transpose(_scaled_transpose(1 + 0.3 * tol, dense_transpose))
+    assert near.passed and f"(allowed {tol:g})" in str(near), str(near)
 
 
 NEAR_MISSES = [
@@ -412,3 +424,16 @@ def test_check_jacobian_strategy_wrong_and_bad_answers(answer, text):
     assert text in str(fb), str(fb)
     with pytest.raises(ex.ExerciseFailed):
         ch2.check_jacobian_strategy(answer, strict=True)
+
+
+def test_check_rebuilt_jacrev_tolerance_is_pinned():
+    # two correct methods agree with jax.jacrev to 1e-8; JACREV_RTOL is 1e-6
+    rtol = ch2.JACREV_RTOL
+
+    def scaled(factor):
+        return lambda f, p: jax.tree.map(lambda a: a * factor, per_output_grad(f, p))
+
+    far = ch2.check_rebuilt_jacrev(scaled(1 + 3 * rtol))
+    assert not far.passed and "differs from the reference" in str(far), str(far)
+    near = ch2.check_rebuilt_jacrev(scaled(1 + 0.3 * rtol))
+    assert near.passed and f"(relative error <= {rtol:g})" in str(near), str(near)

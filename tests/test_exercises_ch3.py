@@ -27,46 +27,53 @@ def _failing(*args):
 # ---------------------------------------------------------------------------- 3.1
 
 
-def _fp_root(theta, tol=1e-6, cos_scale=0.5, stop=False, sign=1.0):
-    """custom_root for x = cos_scale cos x + theta; knobs make near misses."""
-    F = lambda x: cos_scale * jnp.cos(x) + theta - x
+M = ch3.FIXED_POINT_M
+
+
+def _fp_root(theta, tol=1e-10, cos_scale=0.5, stop=False, sign=1.0, scalar=False):
+    """custom_root for x = cos_scale cos(M x) + theta; knobs make near misses."""
+    F = lambda x: cos_scale * jnp.cos(M @ x) + theta - x  # noqa: E731
 
     def solve(F, x0):
-        keep_going = lambda s: (jnp.abs(F(s[0])) > tol) & (s[1] < 500)
+        keep_going = lambda s: (jnp.linalg.norm(F(s[0])) > tol) & (s[1] < 500)  # noqa: E731
         return lax.while_loop(
             keep_going, lambda s: (s[0] + F(s[0]), s[1] + 1), (x0, 0)
         )[0]
 
-    x = lax.custom_root(F, jnp.zeros_like(theta), solve, lambda g, y: sign * y / g(1.0))
+    def dense(g, y):
+        return sign * jnp.linalg.solve(jax.jacfwd(g)(y), y)
+
+    tangent = (lambda g, y: y / g(1.0)) if scalar else dense
+    x = lax.custom_root(F, jnp.zeros_like(theta), solve, tangent)
     return lax.stop_gradient(x) if stop else x
 
 
 def _fp_helper(theta):  # the helper, Newton instead of plain iteration
-    F = lambda x, t: 0.5 * jnp.cos(x) + t - x
-    return implicit.newton_root(F, jnp.zeros_like(theta), theta, tol=1e-10)[0]
+    F = lambda x, t: 0.5 * jnp.cos(M @ x) + t - x  # noqa: E731
+    return implicit.newton_root(F, jnp.zeros_like(theta), theta, tol=1e-12)[0]
 
 
 def _fp_scan(theta):
-    step = lambda x, _: (0.5 * jnp.cos(x) + theta, None)
+    step = lambda x, _: (0.5 * jnp.cos(M @ x) + theta, None)  # noqa: E731
     return lax.scan(step, jnp.zeros_like(theta), length=200)[0]
 
 
 def _fp_while_loop(theta):
-    body = lambda c: (0.5 * jnp.cos(c[0]) + theta, c[1] + 1)
-    return lax.while_loop(lambda c: c[1] < 100, body, (jnp.zeros_like(theta), 0))[0]
+    body = lambda c: (0.5 * jnp.cos(M @ c[0]) + theta, c[1] + 1)  # noqa: E731
+    return lax.while_loop(lambda c: c[1] < 200, body, (jnp.zeros_like(theta), 0))[0]
 
 
 def _fp_python_loop(theta):
     x = jnp.zeros_like(theta)
-    for _ in range(60):
-        x = 0.5 * jnp.cos(x) + theta
+    for _ in range(150):
+        x = 0.5 * jnp.cos(M @ x) + theta
     return x
 
 
 @pytest.mark.parametrize(
     "answer",
-    [_fp_root, lambda t: _fp_root(t, tol=1e-12), _fp_helper],
-    ids=["chapter-tol-1e-6", "tol-1e-12", "newton_root"],
+    [_fp_root, lambda t: _fp_root(t, tol=1e-13), _fp_helper],
+    ids=["tol-1e-10", "tol-1e-13", "newton_root"],
 )
 def test_fixed_point_right_answers(answer):
     fb = ch3.check_fixed_point_grad(answer, strict=True)
@@ -78,7 +85,14 @@ def test_fixed_point_right_answers(answer):
     [
         (_fp_scan, "its jaxpr has scan but no custom_root"),
         (_fp_python_loop, "your function does not call lax.custom_root"),
-        (_fp_while_loop, "jax.grad of your function raised ValueError: Reverse-mode"),
+        (
+            _fp_while_loop,
+            "jax.jacrev of your function raised ValueError: Reverse-mode",
+        ),
+        (
+            lambda t: _fp_root(t, scalar=True),
+            "a scalar division such as y / g(1.0) only works for a scalar x",
+        ),
         (lambda t: _fp_root(t, tol=3e-3), "x* differs from the reference at index"),
         (
             lambda t: _fp_root(t, cos_scale=0.49),
@@ -97,6 +111,7 @@ def test_fixed_point_right_answers(answer):
         "scan",
         "python-loop",
         "while-loop",
+        "scalar-tangent-solve",
         "loose-tol",
         "wrong-equation",
         "stop-gradient",
@@ -114,12 +129,15 @@ def test_fixed_point_near_misses(answer, quote):
 @pytest.mark.parametrize(
     "answer, quote",
     [
-        (_fp_root(jnp.asarray(0.3)), "you passed a value (ArrayImpl of shape ())"),
+        (_fp_root(jnp.full(3, 0.3)), "you passed a value (ArrayImpl of shape (3,))"),
         (0.3, "you passed a value (float)"),
         (lambda t: _fp_root(t) * jnp.nan, "nan/inf does not match"),
-        (lambda t: jnp.stack([_fp_root(t)] * 2), "has shape (4, 2), expected (4,)"),
+        (
+            lambda t: jnp.stack([_fp_root(t)] * 2),
+            "has shape (4, 2, 3), expected (4, 3)",
+        ),
         (lambda t: _fp_root(t).astype(jnp.int32), "expected a floating dtype"),
-        (lambda t: float(_fp_root(t)), "raised ConcretizationTypeError"),
+        (lambda t: float(_fp_root(t)[0]), "raised ConcretizationTypeError"),
         (_failing, "raised ValueError: boom in the student's code"),
     ],
     ids=[
@@ -152,30 +170,37 @@ def test_fixed_point_stub_is_not_attempted():
 
 
 def _sqrtm(A, start=1.0, tol=1e-12):
-    F = lambda X, A: X @ X - A
+    """A^(-1/2) by Newton on X A X - I (the helper)."""
+    F = lambda X, A: X @ A @ X - jnp.eye(A.shape[0], dtype=A.dtype)  # noqa: E731
     return implicit.newton_root(
         F, start * jnp.eye(A.shape[0], dtype=A.dtype), A, tol=tol
     )[0]
 
 
-def _sqrtm_direct(
-    A,
-):  # custom_root by hand: Denman–Beavers iteration, dense tangent solve
-    F = lambda X: X @ X - A
+def _sqrtm_direct(A):  # custom_root by hand: Denman-Beavers, then X^-1; dense tangent
+    F = lambda X: jnp.linalg.inv(X @ X) - A  # noqa: E731
 
     def solve(F, X0):
         def step(_, carry):
             Y, Z = carry
             return 0.5 * (Y + jnp.linalg.inv(Z)), 0.5 * (Z + jnp.linalg.inv(Y))
 
-        return lax.fori_loop(0, 30, step, (A, jnp.eye(A.shape[0], dtype=A.dtype)))[0]
+        eye = jnp.eye(A.shape[0], dtype=A.dtype)
+        return lax.fori_loop(0, 30, step, (A, eye))[1]  # Z -> A^(-1/2)
 
-    return lax.custom_root(F, A, solve, implicit.dense_tangent_solve)
+    return lax.custom_root(
+        F, jnp.eye(A.shape[0], dtype=A.dtype), solve, implicit.dense_tangent_solve
+    )
+
+
+def _square_root(A):  # the chapter's square-root pattern, renamed: the wrong root
+    F = lambda X, A: X @ X - A  # noqa: E731
+    return implicit.newton_root(F, jnp.eye(A.shape[0], dtype=A.dtype), A, tol=1e-12)[0]
 
 
 def _sqrtm_eigh(A):
     w, q = jnp.linalg.eigh(A)
-    return (q * jnp.sqrt(w)) @ q.T
+    return (q / jnp.sqrt(w)) @ q.T
 
 
 @pytest.mark.parametrize(
@@ -190,14 +215,22 @@ def test_sqrtm_right_answers(answer):
     [
         (_sqrtm_eigh, "its jaxpr has eigh but no custom_root"),
         (jax.scipy.linalg.sqrtm, "Differentiation rule for 'schur' not implemented"),
-        (lambda A: _sqrtm(A, start=-1.0), "you found -X, the negative square root"),
+        (lambda A: _sqrtm(A, start=-1.0), "you found -X, the negative root"),
+        (_square_root, "you returned A^(1/2), the square root"),
         (lambda A: _sqrtm(A, tol=1e-1), "X differs from the reference at index"),
         (
             lambda A: _sqrtm(A) + 0.1 * (A - lax.stop_gradient(A)),
             "dX differs from the reference at index",
         ),
     ],
-    ids=["eigh", "scipy-sqrtm", "negative-root", "loose-newton", "wrong-tangent"],
+    ids=[
+        "eigh",
+        "scipy-sqrtm",
+        "negative-root",
+        "square-root",
+        "loose-newton",
+        "wrong-tangent",
+    ],
 )
 def test_sqrtm_near_misses(answer, quote):
     fb = ch3.check_sqrtm(answer)
@@ -210,10 +243,24 @@ def test_sqrtm_near_misses(answer, quote):
     [
         (jnp.eye(3), "you passed a value (ArrayImpl of shape (3, 3))"),
         (lambda A: _sqrtm(A) * jnp.nan, "nan/inf does not match"),
-        (lambda A: _sqrtm(A)[:2], "has shape (2, 3), expected (3, 3)"),
+        (lambda A: _sqrtm(A)[:2], "your inv_sqrtm returns shape (2, 3) for a 3x3 A"),
+        (
+            lambda A: implicit.newton_root(
+                lambda X, A: X @ A @ X - jnp.eye(3, dtype=A.dtype),
+                jnp.eye(3, dtype=A.dtype),
+                A,
+                tol=1e-12,
+            ),
+            "your inv_sqrtm returns a tuple of 2 items; return the matrix X alone "
+            "(implicit.newton_root returns (X, SolverInfo): take [0])",
+        ),
+        (
+            lambda A: _sqrtm(A.astype(jnp.float32)),
+            "your X is float32 for a float64 A",
+        ),
         (_failing, "raised ValueError: boom in the student's code"),
     ],
-    ids=["value-not-function", "nan", "shape", "exception"],
+    ids=["value-not-function", "nan", "shape", "exception", "tuple", "float32"],
 )
 def test_sqrtm_bad_input(answer, quote):
     fb = ch3.check_sqrtm(answer)
@@ -294,3 +341,67 @@ def test_tolerance_fix_bad_input(answer, quote):
 
 def test_tolerance_fix_stub_is_not_attempted():
     assert not ch3.check_tolerance_fix(_stub).attempted
+
+
+# ------------------------------------------------------- tolerances, pinned (all three)
+
+
+def _times(fn, factor):
+    return lambda *args: fn(*args) * factor
+
+
+def test_fixed_point_tolerance_is_pinned():
+    # a solve stopped at |F(x)| <= 1e-10 is off by 3.4e-11; FIXED_POINT_TOL is 3e-10
+    tol = ch3.FIXED_POINT_TOL
+    far = ch3.check_fixed_point_grad(_times(_fp_helper, 1 + 3 * tol))
+    assert not far.passed and "x* differs from the reference" in str(far), str(far)
+    assert f"(required: within {tol:g}" in str(far)
+    assert ch3.check_fixed_point_grad(_times(_fp_root, 1 + 0.3 * tol)).passed
+
+
+def test_fixed_point_float32_answer_is_told_the_dtype():
+    def fp32(theta):
+        x0 = jnp.zeros(3, jnp.float32)
+        F = lambda x: 0.5 * jnp.cos(M @ x) + theta - x  # noqa: E731
+        solve = lambda F, x0: lax.fori_loop(0, 60, lambda i, x: x + F(x), x0)  # noqa: E731
+        return lax.custom_root(F, x0, solve, implicit.dense_tangent_solve)
+
+    fb = ch3.check_fixed_point_grad(fp32)
+    assert not fb.passed
+    assert "The checker runs in float64 (inside jax.enable_x64)" in str(fb), str(fb)
+
+
+def test_sqrtm_tolerance_is_pinned():
+    # Newton from the identity is off by 1.3e-14, Denman-Beavers by 1.4e-16;
+    # SQRTM_TOL is 1e-13
+    tol = ch3.SQRTM_TOL
+    far = ch3.check_sqrtm(_times(_sqrtm, 1 + 3 * tol))
+    assert not far.passed and "X differs from the reference" in str(far), str(far)
+    assert ch3.check_sqrtm(_times(_sqrtm_direct, 1 + 0.3 * tol)).passed
+
+
+def test_tolerance_fix_tolerance_is_pinned():
+    # a solve stopped at 1e-13 passes at 1e-15 relative; TOLERANCE_FIX_RTOL is 1e-12
+    rtol = ch3.TOLERANCE_FIX_RTOL
+    with jax.enable_x64(True):
+        far = ch3.check_tolerance_fix(_times(_grad_closed_form, 1 + 3 * rtol))
+        assert not far.passed and "differs from the reference" in str(far), str(far)
+        assert "tighten the solver's tolerance" in str(far)
+        assert ch3.check_tolerance_fix(_times(_grad_closed_form, 1 + 0.3 * rtol))
+
+
+def test_sqrtm_reference_derivative_matches_finite_differences():
+    """The checker's Daleckii-Krein tangent against central differences (float64)."""
+    with jax.enable_x64(True):
+        m = jnp.array([[2.0, 0.3, 0.0], [0.1, 1.5, 0.2], [0.0, 0.4, 1.0]])
+        a = m @ m.T + 0.5 * jnp.eye(3)
+        da = jnp.array([[1.0, 0.5, -0.2], [0.5, 0.0, 0.3], [-0.2, 0.3, -1.0]])
+        x, deriv = ch3._sqrtm_reference(a)
+        assert float(jnp.max(jnp.abs(x @ a @ x - jnp.eye(3)))) < 1e-14
+        eps = 1e-6
+        fd = (
+            ch3._sqrtm_reference(a + eps * da)[0]
+            - ch3._sqrtm_reference(a - eps * da)[0]
+        ) / (2 * eps)
+        # measured 2.3e-10 (the O(eps^2) truncation of central differences)
+        assert float(jnp.max(jnp.abs(fd - deriv(da)))) < 2e-9

@@ -296,3 +296,30 @@ def test_two_axis_carry_stub_is_not_attempted():
     assert not fb.attempted and "not attempted yet" in str(fb)
     with pytest.raises(ExerciseFailed):
         ch4.check_two_axis_carry(_stub, strict=True)
+
+
+# ------------------------------------------------------------ tolerances, pinned
+
+
+def _times(fn, factor):
+    return lambda *args: fn(*args) * factor
+
+
+def test_sharded_step_tolerance_is_pinned():
+    # both solutions differ from one device by 1e-7..3e-7 (float32); STEP_RTOL is 2e-6
+    rtol = ch4.STEP_RTOL
+    far = ch4.check_sharded_step(_times(solution_local_then_scatter, 1 + 3 * rtol))
+    assert not far and "on 1 device(s)" in str(far), str(far)
+    near = ch4.check_sharded_step(_times(solution_through_all_gather, 1 + 0.3 * rtol))
+    assert near, str(near)
+    assert f"(relative error <= {rtol:g}" in str(near)
+
+
+def test_two_axis_carry_tolerance_is_pinned():
+    # the sums are exact in float32 (measured error 0); CARRY_RTOL is 1e-6
+    rtol = ch4.CARRY_RTOL
+    far = ch4.check_two_axis_carry(_times(carry_cast, 1 + 3 * rtol))
+    assert not far and "row sums differs from the reference" in str(far), str(far)
+    near = ch4.check_two_axis_carry(_times(carry_from_psum, 1 + 0.3 * rtol))
+    assert near, str(near)
+    assert f"(relative error <= {rtol:g}" in str(near)

@@ -1,6 +1,7 @@
 """beyondgrad.linear (and figures.ch2, the Chapter 2 part of compat) against
 independent references: jax.vjp, jax.jacrev, float64 finite differences, pinned values."""
 
+import inspect
 from types import SimpleNamespace
 
 import drift_record
@@ -530,3 +531,49 @@ def test_checkpoint_saves_compiled_memory():
     if plain is None or remat is None:
         pytest.skip("this backend reports no memory analysis")
     assert remat < plain
+
+
+# --- what is saved for the backward pass -----------------------------------------------
+
+
+def test_saved_residuals_lists_what_checkpoint_policies_keep():
+    def f(x):
+        return jnp.sum(jnp.sin(x) ** 2)
+
+    x = jnp.ones(3)
+    plain = linear.saved_residuals(f, x)
+    assert plain and all(line.startswith("f32[3] ") for line in plain)
+    assert all(" from /" not in line for line in plain)  # locations cut to the name
+    assert linear.saved_residuals(jax.checkpoint(f), x) == [
+        "f32[3] from the argument x"
+    ]
+    everything = jax.checkpoint(f, policy=jax.checkpoint_policies.everything_saveable)
+    assert len(linear.saved_residuals(everything, x)) == len(plain)
+    with pytest.raises(TypeError, match="f must be a function"):
+        linear.saved_residuals(3, x)
+
+
+def test_saved_residuals_of_a_checkpointed_scan_body_is_the_carry():
+    def body(c, _):
+        return jnp.sin(jnp.cos(c)), None
+
+    def loss(c, remat):
+        c, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, c, None, length=5)
+        return jnp.sum(c)
+
+    c = jnp.ones(4)
+    (saved,) = linear.saved_residuals(lambda c: loss(c, True), c)
+    assert saved.startswith("f32[5,4] output of scan in ") and saved.endswith("loss")
+    assert len(linear.saved_residuals(lambda c: loss(c, False), c)) == 2
+
+
+# --- compat: the linearization machinery, read from JAX -----------------------------
+
+
+def test_linearization_rules_are_a_few_primitives_and_jvp_is_the_fallback():
+    rules = compat.linearization_rules()
+    assert {"sin", "scan", "cond", "jit"} <= set(rules)
+    assert "cos" not in rules and "mul" not in rules
+    assert "primitive_jvps" in inspect.getsource(compat.fallback_linearize_rule())
+    assert "JaxprTrace(" in inspect.getsource(compat.linearize_from_jvp())
+    assert "backward_pass3" in inspect.getsource(compat.vjp_backward())

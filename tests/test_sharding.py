@@ -502,8 +502,17 @@ def test_jvp_report_script_shows_what_the_report_says():
     )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.split("\n")
-    assert lines[0].split() == ["t:", "float32[2]{V:data}", "tangent:", "float32[2]"]
-    assert lines[1] == "[0. 2.]"
+    varying, invariant = "float32[2]{V:data}", "float32[2]"
+    # 1: lax.sin, the tangent is typed varying and out_specs=P() is refused
+    assert lines[0].split()[-1] == varying
+    assert lines[1].startswith("1 | ValueError: shard_map applied to the function")
+    # 2, 3: jit(lax.sin) and 2 * q, the tangent is typed invariant; one block returns
+    assert lines[2].split()[-1] == invariant
+    assert lines[3] == "2 | returned [0.        0.5403023]"  # cos(1) * [0, 1]
+    assert lines[4].split()[-1] == invariant
+    assert lines[5] == "3 | returned [0. 2.]"  # 2 * [0, 1]: block 0 of 2 * [0 1 2 3]
+    # 4: lax.mul with a constant, the internal error
+    assert lines[6].startswith("4 | ValueError: Primitive mul requires varying manual")
 
 
 @pytest.mark.parametrize("kind", AXIS_TYPES)

@@ -74,23 +74,23 @@ def test_transform_jvp_matches_finite_difference():
 # --- inspect_transformations and the table --------------------------------------------
 
 TABLE = (
-    "transformation  tracer type         aval        concrete?  works                    inside\n"
-    "--------------  ------------------  ----------  ---------  -----------------------  "
+    "transform   tracer type         aval        concrete?  works                    inside\n"
+    "----------  ------------------  ----------  ---------  -----------------------  "
     "-----------------------------------------------------\n"
-    "eager           ArrayImpl           float32[3]  yes        bool,int,range,float,np  -\n"
-    "jit             DynamicJaxprTracer  float32[3]  no         none                     -\n"
-    "grad            LinearizeTracer     float32[3]  yes        bool,int,range           ArrayImpl float32[3]\n"
-    "vmap            BatchTracer         float32[3]  no         none                     ArrayImpl float32[2,3]\n"
-    "jvp             JVPTracer           float32[3]  yes        bool,int,range           ArrayImpl float32[3]\n"
-    "linearize       LinearizeTracer     float32[3]  yes        bool,int,range           ArrayImpl float32[3]\n"
-    "vjp             LinearizeTracer     float32[3]  yes        bool,int,range           ArrayImpl float32[3]\n"
-    "jit(grad)       LinearizeTracer     float32[3]  no         none                     DynamicJaxprTracer float32[3]\n"
-    "grad(jit)       DynamicJaxprTracer  float32[3]  no         none                     -\n"
-    "vmap(grad)      LinearizeTracer     float32[3]  no         none                     "
+    "eager       ArrayImpl           float32[3]  yes        bool,int,range,float,np  -\n"
+    "jit         DynamicJaxprTracer  float32[3]  no         none                     -\n"
+    "grad        LinearizeTracer     float32[3]  yes        bool,int,range           ArrayImpl float32[3]\n"
+    "vmap        BatchTracer         float32[3]  no         none                     ArrayImpl float32[2,3]\n"
+    "jvp         JVPTracer           float32[3]  yes        bool,int,range           ArrayImpl float32[3]\n"
+    "linearize   LinearizeTracer     float32[3]  yes        bool,int,range           ArrayImpl float32[3]\n"
+    "vjp         LinearizeTracer     float32[3]  yes        bool,int,range           ArrayImpl float32[3]\n"
+    "jit(grad)   LinearizeTracer     float32[3]  no         none                     DynamicJaxprTracer float32[3]\n"
+    "grad(jit)   DynamicJaxprTracer  float32[3]  no         none                     -\n"
+    "vmap(grad)  LinearizeTracer     float32[3]  no         none                     "
     "BatchTracer float32[3] > ArrayImpl float32[2,3]\n"
-    "grad(vmap)      BatchTracer         float32[3]  no         none                     "
+    "grad(vmap)  BatchTracer         float32[3]  no         none                     "
     "LinearizeTracer float32[2,3] > ArrayImpl float32[2,3]\n"
-    "jit(vmap)       BatchTracer         float32[3]  no         none                     "
+    "jit(vmap)   BatchTracer         float32[3]  no         none                     "
     "DynamicJaxprTracer float32[2,3]"
 )
 
@@ -511,3 +511,150 @@ def test_compat_jit_cache_size_and_its_bad_input():
     for bad in (NotJitted(), lambda v: v):
         with pytest.raises(TypeError, match="expected a function made by jax.jit"):
             compat.jit_cache_size(bad)
+
+
+# --- narrow tables ---------------------------------------------------------------------
+
+
+def test_format_table_columns_in_the_order_given_after_transformation():
+    obs = tracers.inspect_transformations(
+        f_sin, jnp.arange(3.0), transformations=["eager", "vmap"]
+    )
+    table = tracers.format_table(obs, ["works", "concrete?"]).splitlines()
+    assert table[0].split() == ["transform", "works", "concrete?"]
+    assert table[2].split() == ["eager", "bool,int,range,float,np", "yes"]
+    assert table[3].split() == ["vmap", "none", "no"]
+    assert (
+        max(len(line) for line in tracers.format_table(obs, ["aval"]).splitlines()) < 30
+    )
+
+
+def test_format_table_bad_columns():
+    obs = tracers.inspect_transformations(
+        f_sin, jnp.arange(3.0), transformations=["eager"]
+    )
+    with pytest.raises(ValueError, match="no column 'shape'; choose from"):
+        tracers.format_table(obs, ["shape"])
+    with pytest.raises(TypeError, match="list of column names"):
+        tracers.format_table(obs, "aval")
+
+
+# --- what answers concreteness ---------------------------------------------------------
+
+
+def test_concreteness_answerers_are_the_three_overriding_classes():
+    from jax._src import core
+
+    answerers = compat.concreteness_answerers()
+    assert [c.__name__ for c in answerers] == [
+        "JVPTracer",
+        "LinearizeTracer",
+        "ShardMapTracer",
+    ]
+    for cls in answerers:
+        assert issubclass(cls, core.Tracer)
+        assert cls.to_concrete_value is not core.Tracer.to_concrete_value
+
+
+def test_shard_map_tracer_is_concrete_only_when_invariant():
+    mesh = compat.make_mesh((len(jax.devices()),), ("d",))
+    seen = {}
+
+    def body(shared, shard):
+        seen["type"] = type(shared).__name__
+        seen["shared"] = compat.concrete_value(shared)
+        seen["shard"] = compat.concrete_value(shard)
+        return shard
+
+    P = jax.sharding.PartitionSpec
+    n = len(jax.devices())
+    jax.shard_map(body, mesh=mesh, in_specs=(P(), P("d")), out_specs=P("d"))(
+        jnp.arange(3.0), jnp.arange(float(n))
+    )
+    assert seen["type"] == "ShardMapTracer"
+    np.testing.assert_array_equal(np.asarray(seen["shared"]), [0.0, 1.0, 2.0])
+    assert seen["shard"] is None
+
+
+# --- what JAX logs ---------------------------------------------------------------------
+
+
+def test_jax_log_explains_a_shape_change_and_restores_the_option():
+    fn = jax.jit(lambda v: v + 1.0)
+    a, b = jnp.ones(3), jnp.ones(4)
+    before = jax.config.jax_explain_cache_misses
+    with tracers.jax_log("jax_explain_cache_misses") as messages:
+        assert jax.config.jax_explain_cache_misses is True
+        fn(a)
+        fn(a)  # a cache hit: no message
+        fn(b)
+    assert jax.config.jax_explain_cache_misses == before
+    assert len(messages) == 2
+    assert all(m.startswith("TRACING CACHE MISS") for m in messages)
+    assert "f32[4]" in messages[1] and "f32[3]" in messages[1]
+    fn(jnp.ones(5))  # outside the block: nothing more collected
+    assert len(messages) == 2
+
+
+def test_jax_log_counts_compilations_of_a_bound_method_per_call():
+    class Model:
+        def f(self, v):
+            return v * 2.0
+
+    model, x = Model(), jnp.ones(2)
+    with tracers.jax_log("jax_log_compiles") as messages:
+        for _ in range(3):
+            jax.jit(model.f)(x)
+    assert sum(m.startswith("Compiling") for m in messages) == 3
+
+
+def test_jax_log_rejects_unknown_options():
+    with pytest.raises(ValueError, match="option must be one of"):
+        with tracers.jax_log("jax_enable_x64"):
+            pass
+
+
+def test_format_log_cuts_paths_ids_and_wraps():
+    message = (
+        "TRACING CACHE MISS at /tmp/ipykernel_1/123.py:4:2 (<module>):\n"
+        "  never seen function:\n"
+        "    f id=140123 defined at /a/b/c.py:5\n"
+        "  " + "word " * 30
+    )
+    text = tracers.format_log([message, "second"], width=60)
+    assert "TRACING CACHE MISS at 123.py:4:2 (<module>):" in text
+    assert "    f defined at c.py:5" in text and "id=" not in text
+    assert all(len(line) <= 60 for line in text.splitlines())
+    assert "\n    word" in text  # wrapped lines keep their indentation, plus two
+    assert text.endswith("\n\nsecond")
+    with pytest.raises(TypeError, match="list of strings"):
+        tracers.format_log("one message")
+    with pytest.raises(ValueError, match="width"):
+        tracers.format_log([message], width=5)
+
+
+# --- where it raised -------------------------------------------------------------------
+
+
+def test_innermost_frames_run_from_the_callers_line_to_the_raise():
+    before = jax.config.jax_traceback_filtering
+
+    def user_code(v):
+        return int(v)  # the caller's innermost line
+
+    found = tracers.innermost_frames(jax.jit(user_code), 1.0)
+    assert isinstance(found.error, jax.errors.ConcretizationTypeError)
+    assert found.frames[0].name == "user_code"
+    assert found.frames[-1].filename.endswith("core.py")
+    assert jax.config.jax_traceback_filtering == before
+    text = str(found)
+    assert text.startswith("ConcretizationTypeError: ")
+    assert all(len(line) <= 78 for line in text.splitlines())
+    assert "in user_code" in text
+
+
+def test_innermost_frames_needs_a_call_that_raises():
+    with pytest.raises(ValueError, match="returned without raising"):
+        tracers.innermost_frames(lambda: 1)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        tracers.innermost_frames(3)

@@ -26,7 +26,7 @@ parsing the string. Importing this module starts no backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
@@ -42,6 +42,11 @@ __all__ = [
     "jaxpr_atom_value",
     "set_direct_linearize",
     "concrete_value",
+    "concreteness_answerers",
+    "fallback_linearize_rule",
+    "linearization_rules",
+    "linearize_from_jvp",
+    "vjp_backward",
     "custom_root_eqns",
     "custom_root_integer_aux_ok",
     "custom_root_with_aux",
@@ -175,6 +180,26 @@ def jit_cache_size(jitted: Any) -> int:
 # ----------------------------------------------------------------------------- Chapter 1
 
 
+def concreteness_answerers() -> list[type]:
+    """The tracer classes, among those imported so far, that answer concreteness.
+
+    ``core.Tracer.to_concrete_value`` returns ``None``; these subclasses override it
+    (on 0.8.2 and 0.12: ``JVPTracer``, ``LinearizeTracer``, which ask their primal,
+    and ``ShardMapTracer``, which answers for a value invariant over every mesh axis
+    in an eager ``shard_map``). Sorted by module and name.
+    """
+    from jax._src import core
+
+    found: set[type] = set()
+    todo = list(core.Tracer.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if "to_concrete_value" in vars(cls):
+            found.add(cls)
+    return sorted(found, key=lambda c: (c.__module__, c.__qualname__))
+
+
 # ----------------------------------------------------------------------------- Chapter 2
 
 #: The config option that chose between direct linearization and JVP + partial
@@ -206,6 +231,45 @@ def set_direct_linearize(enabled: bool) -> bool:
         )
     jax.config.update(DIRECT_LINEARIZE_OPTION, enabled)
     return before
+
+
+def linearization_rules() -> list[str]:
+    """Names of the primitives with a linearization rule of their own.
+
+    ``jax._src.interpreters.ad.primitive_linearizations``: direct linearization
+    (``LinearizeTrace.process_primitive``) uses such a rule where one is registered,
+    and otherwise :func:`fallback_linearize_rule` (the JVP rule under partial
+    evaluation). Rules register when their module is imported, so the list can grow
+    as a program imports more of JAX.
+    """
+    from jax._src.interpreters import ad
+
+    return sorted(p.name for p in ad.primitive_linearizations)
+
+
+def fallback_linearize_rule() -> Callable[..., Any]:
+    """JAX's linearization of a primitive that has no rule of its own (for reading)."""
+    from jax._src.interpreters import ad
+
+    return ad.fallback_linearize_rule  # type: ignore[no-any-return]
+
+
+def linearize_from_jvp() -> Callable[..., Any]:
+    """The function that runs a JVP rule under partial evaluation (for reading)."""
+    from jax._src.interpreters import ad
+
+    return ad.linearize_from_jvp  # type: ignore[no-any-return]
+
+
+def vjp_backward() -> Callable[..., Any]:
+    """The function that a ``jax.vjp`` function calls on a cotangent (for reading).
+
+    ``jax._src.api._vjp3_bwd`` on 0.8.2 and 0.12: it runs ``ad.backward_pass3`` on
+    the linear jaxpr that ``jax.vjp`` built.
+    """
+    from jax._src import api
+
+    return api._vjp3_bwd  # type: ignore[no-any-return]
 
 
 # ----------------------------------------------------------------------------- Chapter 3

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias, TypeGuard
 
 import jax
 import jax.numpy as jnp
@@ -97,12 +97,12 @@ def _is_array_tol(tol: object) -> bool:
     )
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     """A Python int (``bool`` excluded: ``True`` is no iteration count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_real(value: object) -> bool:
+def _is_real(value: object) -> TypeGuard[float]:
     """A Python int or float (``bool`` excluded)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -155,10 +155,8 @@ def _check_args(
             f"got {tangent_solver!r}"
         )
     out = jax.eval_shape(f, x0, params)
-    in_def, out_def = (
-        jax.tree_util.tree_structure(x0),
-        jax.tree_util.tree_structure(out),
-    )
+    in_def: Any = jax.tree_util.tree_structure(x0)  # PyTreeDef: untyped in jaxlib
+    out_def: Any = jax.tree_util.tree_structure(out)
     if in_def != out_def:
         raise TypeError(
             f"{name}: f(x, params) must return a pytree with the same structure as x; "
@@ -211,9 +209,15 @@ def iterative_tangent_solve(
     """A tangent solver that never builds a matrix: GMRES or CG inside ``lax.custom_linear_solve``.
 
     ``custom_linear_solve`` tells JAX that the result is ``A^{-1} y`` and how to solve
-    with ``A^T``, so reverse mode transposes the solve instead of trying to transpose the
-    iterative method's ``while_loop`` (which JAX cannot do). ``cg`` needs a symmetric
-    definite ``A`` (e.g. a Hessian); ``gmres`` takes any invertible ``A``.
+    with ``A^T``, so reverse mode transposes the solve as a whole. Calling JAX's
+    ``gmres``/``cg`` directly on the tangent ``y`` fails under reverse mode
+    (jax-ml/jax#5309): they compute their initial guess and stopping tolerances from
+    ``y`` (``atol = max(tol * |y|, atol)``) before their own ``custom_linear_solve``,
+    so its ``solve`` closes over values that depend on the linear input, which the
+    transpose rule rejects (``NotImplementedError``). Wrapped here, ``y`` is only the
+    outer right-hand side and the inner solver runs on known cotangents. ``cg`` needs
+    a symmetric positive-definite ``A`` (e.g. a Hessian); ``gmres`` takes any
+    invertible ``A``.
     """
     if method not in ("gmres", "cg"):
         raise ValueError(f"method must be 'gmres' or 'cg', got {method!r}")
@@ -525,7 +529,7 @@ def unrolled_fixed_point(
 # ---------------------------------------------------------------------- worked examples
 
 
-def _check_deq(params: object, z: object, name: str, what: str) -> None:
+def _check_deq(params: Any, z: Any, name: str, what: str) -> None:
     if not isinstance(params, dict) or not {"W", "U", "b", "x"} <= set(params):
         got = sorted(params) if isinstance(params, dict) else type(params).__name__
         raise TypeError(
@@ -556,7 +560,7 @@ def deq_params(
     d_in: int = 16,
     radius: float = 0.9,
     input_scale: float = 1.0,
-    dtype: jnp.dtype | type = jnp.float32,
+    dtype: Any = jnp.float32,
 ) -> dict[str, jax.Array]:
     """Parameters for :func:`deq_layer` whose fixed-point map is contractive by construction.
 
@@ -614,7 +618,7 @@ def deq_reference_grad_W(
     return jnp.outer(d * u, z_star)
 
 
-def _check_ridge(X: object, y: object, w: object) -> None:
+def _check_ridge(X: Any, y: Any, w: Any) -> None:
     if jnp.ndim(X) != 2:
         raise ValueError(
             f"X must be a (samples, features) matrix, got shape {jnp.shape(X)}"

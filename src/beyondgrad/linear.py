@@ -5,7 +5,8 @@ map ``A = J_f(x)`` (``u -> A u``, the JVP); ``jax.linear_transpose`` turns ``A``
 ``A^T`` (``v -> A^T v``, the VJP). This module builds ``vjp`` from those two pieces,
 checks a transpose numerically (the dot-product test
 ``<A u, v> = <u, A^T v>``), turns a linear map into a dense matrix, and names the
-tracer that ``jax.grad`` hands a function. The chapter's exercise checkers live in
+tracer that ``jax.grad`` hands a function, and lists what ``jax.checkpoint`` would
+save for the backward pass (:func:`saved_residuals`). The chapter's exercise checkers live in
 :mod:`beyondgrad.exercises.ch2`, its timing experiments and plots in
 :mod:`beyondgrad.figures.ch2`.
 
@@ -18,13 +19,17 @@ means such a pytree of arrays.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import print_saved_residuals
 from jax.flatten_util import ravel_pytree
 
 from beyondgrad import compat
@@ -34,6 +39,7 @@ __all__ = [
     "dot_product_test",
     "grad_tracer_name",
     "materialize",
+    "saved_residuals",
     "vjp_from_linearize",
 ]
 
@@ -67,6 +73,7 @@ def _match_tree(value: Any, example: Any, name: str, example_name: str) -> None:
     """ValueError for a structure/shape mismatch, TypeError for a dtype mismatch."""
     v_leaves, v_def = jax.tree_util.tree_flatten(value)
     e_leaves, e_def = jax.tree_util.tree_flatten(example)
+    v_def, e_def = cast(Any, v_def), cast(Any, e_def)  # PyTreeDef has no stubs
     if v_def != e_def:
         raise ValueError(
             f"{name} has pytree structure {v_def}, but {example_name} has {e_def}"
@@ -115,7 +122,7 @@ def _unwrap_single(result: Any, example: Any) -> Any:
     if (
         isinstance(result, tuple)
         and len(result) == 1
-        and jax.tree_util.tree_structure(result)
+        and cast(Any, jax.tree_util.tree_structure(result))
         != jax.tree_util.tree_structure(example)
     ):
         return result[0]
@@ -127,6 +134,7 @@ def _unwrap_single(result: Any, example: Any) -> Any:
 
 def _random_like(key: jax.Array, tree: Any) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
+    treedef = cast(Any, treedef)
     keys = jax.random.split(key, len(leaves))
     return treedef.unflatten(
         [
@@ -185,7 +193,7 @@ def vjp_from_linearize(
     _require_inexact(out, "f's output")
     f_transpose = jax.linear_transpose(f_jvp, *primals)
 
-    out_tree = jax.tree_util.tree_structure(out)
+    out_tree: Any = jax.tree_util.tree_structure(out)
 
     def vjp_fn(cotangent: PyTree) -> tuple[PyTree, ...]:
         if jax.tree_util.tree_structure(cotangent) == out_tree:
@@ -337,3 +345,24 @@ def grad_tracer_name(use_direct_linearize: bool | None = None) -> str:
     finally:
         compat.set_direct_linearize(before)
     return seen[0]
+
+
+# Where a residual was made, as print_saved_residuals writes it: " from FILE:LINE[:COL]
+# (FUNCTION)". Only the function name is kept; notebook file names are long and change.
+_SOURCE = re.compile(r" from \S+:\d+(?::\d+)? \((?P<fn>[^)]*)\)$")
+
+
+def saved_residuals(f: Callable[..., Any], *args: PyTree) -> list[str]:
+    """What reverse mode saves from ``f(*args)`` for the backward pass, one line each.
+
+    The lines of ``jax.ad_checkpoint.print_saved_residuals(f, *args)`` (shape, then
+    ``from the argument x``, ``output of sin``, ``named 'h'``, ...), with each source
+    location shortened to ``in FUNCTION``. Wrap ``f`` (or a part of it) in
+    ``jax.checkpoint(..., policy=...)`` to see what a policy keeps. Raises
+    ``TypeError`` if ``f`` is not callable.
+    """
+    _require_callable(f, "f")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_saved_residuals(f, *args)
+    return [_SOURCE.sub(r" in \g<fn>", line) for line in out.getvalue().splitlines()]

@@ -12,6 +12,10 @@ The reusable ideas of Chapter 1 ("Tracers and concreteness"):
   function's Python body (one run per trace) over a sequence of calls, next to the
   size of ``jit``'s own dispatch cache.
 * :func:`error_tree`: the ``jax.errors`` classes as a tree of the installed JAX.
+* :func:`jax_log`: turn on one of JAX's logging options (``jax_explain_cache_misses``,
+  ``jax_log_compiles``) for a block of code and collect the messages JAX logs.
+* :func:`innermost_frames`: the frames of an exception from the caller's innermost
+  line down to the JAX function that raised, with JAX's traceback filtering off.
 
 "Concrete" is JAX's own test, :func:`beyondgrad.compat.concrete_value`: for autodiff
 tracers (``JVPTracer``, ``LinearizeTracer``) it is the concrete value of the primal,
@@ -21,9 +25,15 @@ in :mod:`beyondgrad.exercises.ch1`, the widget callback in :mod:`beyondgrad.figu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import operator
-from collections.abc import Callable, Mapping, Sequence
+import re
+import textwrap
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -39,13 +49,18 @@ __all__ = [
     "Call",
     "CompilationCounter",
     "Layer",
+    "LOG_OPTIONS",
     "Observation",
+    "RaisingFrames",
     "TraceLog",
     "call",
     "count_traces",
     "error_tree",
+    "format_log",
     "format_table",
+    "innermost_frames",
     "inspect_transformations",
+    "jax_log",
     "tracer_layers",
     "transform",
 ]
@@ -60,7 +75,8 @@ PyTree = Any
 
 def _total(out: PyTree) -> jax.Array:
     """Scalar ``s(out) = sum over leaves of sum(leaf)``: what ``grad``/``vjp`` differentiate."""
-    return jnp.asarray(sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(out)))
+    total = sum(jnp.sum(leaf) for leaf in jax.tree_util.tree_leaves(out))
+    return jnp.asarray(total)
 
 
 def _ones_like(tree: PyTree) -> PyTree:
@@ -390,13 +406,20 @@ def _observe(fn: Callable, args: tuple, name: str, argnum: int) -> Observation:
     )
 
 
-def format_table(observations: Sequence[Observation]) -> str:
+# Column headers shorter than the row keys (the table must fit a 78-column page).
+_HEADERS = {"transformation": "transform"}
+
+
+def format_table(
+    observations: Sequence[Observation], columns: Sequence[str] | None = None
+) -> str:
     """The observations as a fixed-width text table (one row per transformation).
 
     Columns: transformation, tracer type, aval, whether a concrete value is reachable,
     which conversions of :data:`CONVERSIONS` work (``bool``, ``int``, ``range``,
     ``float``, ``np``), the values inside the tracer, and what the call raised (left
-    out when no call raised).
+    out when no call raised). ``columns`` picks some of them, in the order given (the
+    ``transformation`` column always comes first), to keep a table narrow.
     """
     if isinstance(observations, Observation):
         observations = [observations]
@@ -411,11 +434,21 @@ def format_table(observations: Sequence[Observation]) -> str:
         )
     rows = [o.row() for o in observations]
     cols = list(rows[0])
-    if all(r["raised"] == "-" for r in rows):
+    if columns is not None:
+        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+            raise TypeError(f"columns must be a list of column names, got {columns!r}")
+        unknown = [c for c in columns if c not in cols]
+        if unknown:
+            raise ValueError(
+                f"format_table has no column {unknown[0]!r}; choose from {cols[1:]}"
+            )
+        cols = [cols[0], *(c for c in columns if c != cols[0])]
+    if "raised" in cols and all(r["raised"] == "-" for r in rows):
         cols.remove("raised")
-    width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+    header = {c: _HEADERS.get(c, c) for c in cols}
+    width = {c: max(len(header[c]), *(len(r[c]) for r in rows)) for c in cols}
     lines = [
-        "  ".join(c.ljust(width[c]) for c in cols),
+        "  ".join(header[c].ljust(width[c]) for c in cols),
         "  ".join("-" * width[c] for c in cols),
     ]
     lines += ["  ".join(r[c].ljust(width[c]) for c in cols) for r in rows]
@@ -609,3 +642,144 @@ def count_traces(
         retraced.append(counter.traces > before)
         sizes.append(counter.cache_size())
     return TraceLog(tuple(normalized), tuple(retraced), tuple(sizes))
+
+
+# --------------------------------------------------------------------------------------
+# What JAX logs, and where it raised
+# --------------------------------------------------------------------------------------
+
+#: The boolean options that make JAX log why it traces or compiles.
+LOG_OPTIONS = ("jax_explain_cache_misses", "jax_log_compiles")
+
+
+class _Collect(logging.Handler):
+    def __init__(self, sink: list[str]) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.sink.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def jax_log(option: str) -> Iterator[list[str]]:
+    """Turn a JAX logging option on for a block and collect what JAX logs.
+
+    ``option`` is one of :data:`LOG_OPTIONS`. Inside the block the option is ``True``
+    and every message of the ``"jax"`` logger is appended to the yielded list instead
+    of going to JAX's own handlers (so nothing is printed twice). On exit the option,
+    the handlers and propagation are restored::
+
+        with tracers.jax_log("jax_explain_cache_misses") as messages:
+            jax.jit(f)(x)
+        print("\\n".join(messages))
+    """
+    if option not in LOG_OPTIONS:
+        raise ValueError(f"option must be one of {LOG_OPTIONS}, got {option!r}")
+    messages: list[str] = []
+    logger = logging.getLogger("jax")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    before = bool(getattr(jax.config, option))
+    logger.handlers = [_Collect(messages)]
+    logger.propagate = False
+    jax.config.update(option, True)
+    try:
+        yield messages
+    finally:
+        jax.config.update(option, before)
+        logger.handlers = handlers
+        logger.propagate = propagate
+
+
+_LOG_PATH = re.compile(r"(?:[^\s():]*/)([^/\s():]+\.py)")
+_LOG_ID = re.compile(r" id=\d+")
+
+
+def format_log(messages: Sequence[str], width: int = 78) -> str:
+    """JAX's log messages, readable on a page of ``width`` columns.
+
+    File paths are cut to the file name, object ids (``id=140...``, different on
+    every run) are dropped, and long lines are wrapped with their indentation kept.
+    Messages are separated by a blank line.
+    """
+    if isinstance(messages, str) or not isinstance(messages, Sequence):
+        raise TypeError(
+            "messages must be a list of strings (what jax_log collected), "
+            f"got {type(messages).__name__}"
+        )
+    if isinstance(width, bool) or not isinstance(width, int) or width < 20:
+        raise ValueError(f"width must be an int >= 20, got {width!r}")
+    blocks = []
+    for message in messages:
+        lines = []
+        for line in _LOG_ID.sub("", _LOG_PATH.sub(r"\1", str(message))).splitlines():
+            indent = line[: len(line) - len(line.lstrip())]
+            lines += textwrap.wrap(
+                line, width, subsequent_indent=indent + "  ", break_on_hyphens=False
+            ) or [""]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class RaisingFrames:
+    """An exception and the frames from the caller's innermost line to the raise.
+
+    ``str()`` gives the error's class and first message line, then each frame as
+    ``folder/file.py:line in function`` with its source line below it, every line cut
+    to :attr:`width` columns.
+    """
+
+    error: BaseException
+    frames: tuple[traceback.FrameSummary, ...]
+    width: int = 78
+
+    def __str__(self) -> str:
+        def cut(text: str) -> str:
+            return text if len(text) <= self.width else text[: self.width - 1] + "…"
+
+        message = str(self.error).splitlines()
+        head = f"{type(self.error).__name__}: {message[0] if message else ''}"
+        lines = textwrap.wrap(head, self.width, subsequent_indent="  ") or [head]
+        for fr in self.frames:
+            where = f"{Path(fr.filename).parent.name}/{Path(fr.filename).name}"
+            lines.append(cut(f"  {where}:{fr.lineno} in {fr.name}"))
+            if fr.line:
+                lines.append(cut(f"      {fr.line.strip()}"))
+        return "\n".join(lines)
+
+
+def innermost_frames(fn: Callable, *args: Any, **kwargs: Any) -> RaisingFrames:
+    """Call ``fn(*args, **kwargs)``, which must raise; return where it raised.
+
+    JAX hides its own frames from tracebacks (``jax_traceback_filtering``); this turns
+    the filtering off for the one call and keeps the frames from the innermost frame
+    outside the ``jax`` package (the caller's last line) down to the frame that
+    raised. ``str()`` of the result prints them one per line as
+    ``folder/file.py:line in function: source``. Raises ``ValueError`` if ``fn``
+    returns normally.
+    """
+    if not callable(fn):
+        raise TypeError(
+            f"fn must be callable (pass the function itself), got {type(fn).__name__}"
+        )
+    previous = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", "off")  # keep JAX's own frames
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any error is the answer
+        error: BaseException = e
+    else:
+        raise ValueError(
+            f"{getattr(fn, '__name__', fn)!r} returned without raising: "
+            "innermost_frames shows where a call fails; pass one that raises"
+        )
+    finally:
+        jax.config.update("jax_traceback_filtering", previous)
+    frames = traceback.extract_tb(error.__traceback__)[1:]  # drop this function's
+    jax_dir = Path(jax.__file__).parent
+    outside = [
+        k for k, fr in enumerate(frames) if jax_dir not in Path(fr.filename).parents
+    ]
+    start = outside[-1] if outside else 0
+    return RaisingFrames(error, tuple(frames[start:]))

@@ -297,6 +297,98 @@ def ch1_pure_callback_grad() -> str:
     return _short(jax.grad(host_sin)(jnp.float32(1.0)))
 
 
+@_probe(
+    CH1,
+    "Abstract and concrete values, as JAX works today",
+    "which tracer classes override to_concrete_value",
+)
+def ch1_concreteness_answerers() -> str:
+    import jax  # noqa: F401  (imports the tracer classes)
+    from jax._src import core
+
+    if not hasattr(core.Tracer, "to_concrete_value"):
+        return "Tracer has no to_concrete_value"
+    found, todo = set(), list(core.Tracer.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if "to_concrete_value" in vars(cls):
+            found.add(cls.__name__)
+    return ", ".join(sorted(found))
+
+
+def _jax_log_messages(option: str, run: Callable[[], object]) -> list[str]:
+    """What JAX logs while ``run()`` runs with the boolean ``option`` on."""
+    import logging
+
+    import jax
+
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("jax")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    logger.handlers, logger.propagate = [Collect()], False
+    jax.config.update(option, True)
+    try:
+        run()
+    finally:
+        jax.config.update(option, False)
+        logger.handlers, logger.propagate = handlers, propagate
+    return messages
+
+
+@_probe(
+    CH1,
+    "Asking JAX why it traced again",
+    "jax_explain_cache_misses text for a new input shape (reason lines)",
+)
+def ch1_cache_miss_explanation() -> str:
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    fn = jax.jit(lambda x: 2.0 * x)
+    a, b = jnp.ones(3), jnp.ones(4)
+    messages = _jax_log_messages("jax_explain_cache_misses", lambda: (fn(a), fn(b)))
+    misses = [m for m in messages if "CACHE MISS" in m]
+    if len(misses) != 2:
+        return f"{len(misses)} cache-miss messages for 2 traces"
+    reasons = [line.strip() for line in misses[1].splitlines()[1:]]
+    text = " / ".join(r for r in reasons if not r.startswith("for "))
+    return re.sub(r"costing [0-9.]+ ms ", "", text)
+
+
+@_probe(
+    CH1,
+    "Asking JAX why it traced again",
+    "traces of jax.jit(model.method) made anew on each of 3 calls",
+)
+def ch1_bound_method_retrace() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    traces = []
+
+    class Model:
+        def log_psi(self, x):
+            traces.append(1)
+            return jnp.sum(x**2)
+
+    model, x = Model(), jnp.ones(3)
+    for _ in range(3):
+        jax.jit(model.log_psi)(x)
+    step = jax.jit(model.log_psi)
+    once = len(traces)
+    for _ in range(3):
+        step(x)
+    return f"per-call jit: {once} traces; one jit: {len(traces) - once} trace(s)"
+
+
 @_probe(CH3, "A solver that reverse mode refuses", "grad through lax.while_loop")
 def while_loop_reverse_mode() -> str:
     import jax
@@ -380,6 +472,57 @@ def ch2_direct_linearize_option() -> str:
         return seen[0]
 
     return f"present: on={grad_tracer(True)}, off={grad_tracer(False)}"
+
+
+@_probe(
+    CH2,
+    "How JAX does it today",
+    "primitives with a linearization rule of their own (after import jax)",
+)
+def ch2_linearization_rules() -> str:
+    import jax  # noqa: F401
+    from jax._src.interpreters import ad
+
+    rules = getattr(ad, "primitive_linearizations", None)
+    if rules is None:
+        return "no primitive_linearizations table"
+    return ", ".join(sorted(p.name for p in rules))
+
+
+@_probe(
+    CH2,
+    "A transpose rule for a new linear primitive",
+    "JAX functions on the stack when jax.vjp's function calls a transpose rule",
+)
+def ch2_vjp_transpose_path() -> str:
+    import inspect
+    from pathlib import Path
+
+    import jax
+    import jax.numpy as jnp
+    from jax.extend.core import Primitive  # present from 0.5.3, the oldest recorded
+    from jax.interpreters import ad, mlir
+
+    def double_impl(a):
+        return 2.0 * a
+
+    prim = Primitive("drift_double")
+    prim.def_impl(double_impl)
+    prim.def_abstract_eval(lambda a: a)
+    mlir.register_lowering(prim, mlir.lower_fun(double_impl, multiple_results=False))
+    stacks = []
+
+    def transpose(ct, a):
+        jax_dir = Path(jax.__file__).parent
+        stacks.append(
+            [f.function for f in inspect.stack() if jax_dir in Path(f.filename).parents]
+        )
+        return [2.0 * ct]
+
+    ad.deflinear2(prim, transpose)
+    _, vjp_fn = jax.vjp(prim.bind, jnp.ones(3))
+    vjp_fn(jnp.ones(3))
+    return " <- ".join(stacks[-1][:3])
 
 
 def _seed001(cast_to: tuple[str, ...] = ()) -> str:
@@ -701,6 +844,60 @@ def jvp_varying_tangent_hole() -> str:
 
     out = _shard_map(tangent, _mesh(), _P("data"), _P())(jnp.arange(1.0, 9.0))
     return f"tangent type {seen[0]}; returned {_short(out)}"
+
+
+def _jvp_hole(fn_name: str) -> str:
+    """jvp of ``fn_name`` at an invariant primal with a varying tangent, out_specs=P().
+
+    The forms differ in the JVP rule that types the output tangent: a primitive's own
+    rule (``lax.sin``), the rule of a ``jit``-ed call (``jit(lax.sin)``; jnp functions
+    are ``jit``-ed too) and a bilinear primitive's raw ``bind`` (``lax.mul``)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    fns = {
+        "lax.sin": lax.sin,
+        "jit(lax.sin)": jax.jit(lax.sin),
+        "lax.mul": lambda q: lax.mul(q, jnp.full_like(q, 2.0)),
+    }
+    p0 = jnp.array([0.5])
+    seen = []
+
+    def tangent(t):
+        out = jax.jvp(fns[fn_name], (p0,), (t,))[1]
+        seen.append(_typeof(out))
+        return out
+
+    out = _shard_map(tangent, _mesh(), _P("data"), _P())(jnp.arange(1.0, 9.0))
+    return f"tangent type {seen[0]}; returned {_short(out)}"
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp of lax.sin (no jit) at an invariant primal, varying tangent, out_specs=P()",
+)
+def jvp_hole_lax_sin() -> str:
+    return _jvp_hole("lax.sin")
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp of jax.jit(lax.sin) at an invariant primal, varying tangent, out_specs=P()",
+)
+def jvp_hole_jit_sin() -> str:
+    return _jvp_hole("jit(lax.sin)")
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp of lax.mul(q, full_like(q, 2.0)) at an invariant primal, varying tangent",
+)
+def jvp_hole_lax_mul() -> str:
+    return _jvp_hole("lax.mul")
 
 
 @_probe(

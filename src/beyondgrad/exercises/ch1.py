@@ -32,33 +32,46 @@ __all__ = [
     "BUMP_GRID",
     "BUMP_RTOL",
     "FIX_JIT_ATOL",
-    "FIX_JIT_NS",
+    "FIX_JIT_CALLS",
+    "FIX_JIT_MAX_N",
     "FIX_JIT_RTOL",
+    "FIX_JIT_SIZE",
+    "NAN_INTERVAL_RTOL",
     "bump",
     "check_finite_grad",
     "check_fix_jit",
+    "check_nan_interval",
     "check_predict_retraces",
+    "fix_jit_counts",
+    "nan_interval_measured",
     "repeat_sin",
     "retrace_quiz",
     "retrace_quiz_function",
 ]
 
 EX1, EX2, EX3 = (
-    "Exercise 1.1 (fix a jit failure)",
+    "Exercise 1.1 (a loop count per entry)",
     "Exercise 1.2 (predict the retraces)",
-    "Exercise 1.3 (a where with finite gradients)",
+    "Exercise 1.3 (b) (a where with finite gradients)",
 )
+EX3A = "Exercise 1.3 (a) (where is the gradient NaN?)"
 
 # --------------------------------------------------------------------------------------
 # Exercise 1.1
 # --------------------------------------------------------------------------------------
 
-#: The values of ``n`` exercise 1.1 is checked at.
-FIX_JIT_NS: tuple[int, ...] = (0, 1, 3, 6)
+#: Exercise 1.1: the checker's ``x`` has this many entries, and each count ``n[j]`` is
+#: drawn from ``0 .. FIX_JIT_MAX_N`` (both ends always included), so a loop unrolled
+#: to any small fixed count fails.
+FIX_JIT_SIZE = 8
+FIX_JIT_MAX_N = 64
 #: Accuracy required in exercise 1.1: float32 iterates of ``sin`` differ from float64
-#: ones by at most 7.1e-8 (relative, measured on JAX 0.8.2 and 0.12); 1e-6 leaves a
-#: margin of 14.
+#: ones by at most 3.6e-7 (relative, every n in 0..64 on ``linspace(-1, 2, 8)``,
+#: measured on JAX 0.8.2 and 0.12); 1e-6 leaves a margin of about 3. The absolute part
+#: only matters for an entry at 0.
 FIX_JIT_RTOL, FIX_JIT_ATOL = 1e-6, 1e-7
+#: Exercise 1.1: calls per check, each with other ``x`` and other counts.
+FIX_JIT_CALLS = 2
 
 
 def repeat_sin(x: jax.Array, n: int) -> jax.Array:
@@ -72,113 +85,133 @@ def repeat_sin(x: jax.Array, n: int) -> jax.Array:
     return x
 
 
-def _sin_iterates(x: np.ndarray, n: int) -> np.ndarray:
-    want = np.asarray(x, np.float64)
-    for _ in range(n):
-        want = np.sin(want)
+def _sin_iterates(x: np.ndarray, n: np.ndarray | int) -> np.ndarray:
+    """Float64 ``sin`` applied ``n[j]`` times to ``x[j]`` (``n`` scalar or per entry)."""
+    x = np.asarray(x, np.float64)
+    counts = np.broadcast_to(np.asarray(n), x.shape)
+    want = x.copy()
+    for k in range(int(counts.max(initial=0))):
+        want = np.where(counts > k, np.sin(want), want)
     return want
 
 
-def _is_jitted(fn: object) -> bool:
-    return callable(fn) and all(
-        hasattr(fn, a) for a in ("lower", "trace", "__wrapped__")
-    )
+def fix_jit_counts(seed: int | None = None) -> np.ndarray:
+    """Counts for exercise 1.1: ``FIX_JIT_SIZE`` int32 values in ``0..FIX_JIT_MAX_N``.
+
+    Random (``seed=None`` draws fresh ones at every check), always containing ``0``, a
+    count from 1 to 8 and ``FIX_JIT_MAX_N``, in random order.
+    """
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, FIX_JIT_MAX_N + 1, size=FIX_JIT_SIZE)
+    counts[:3] = (0, rng.integers(1, 9), FIX_JIT_MAX_N)
+    return rng.permutation(counts).astype(np.int32)
 
 
-def _loop_primitives(fn: Callable, x: jax.Array) -> set[str]:
-    """Loop primitives (``while``, ``scan``) anywhere in the jaxpr of ``fn(x, 3)``."""
-    found: set[str] = set()
-
-    def walk(jaxpr: object) -> None:
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name in ("while", "scan"):
-                found.add(eqn.primitive.name)
-            for param in eqn.params.values():
-                for sub in param if isinstance(param, (tuple, list)) else (param,):
-                    inner = getattr(sub, "jaxpr", sub)  # ClosedJaxpr -> Jaxpr
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jax.make_jaxpr(fn)(x, 3).jaxpr)
-    return found
+def _fix_jit_hint(message: str) -> str:
+    """What to change, for the usual failures of exercise 1.1."""
+    if "static" in message or "hashable" in message:
+        return (
+            "\n    n is an array of counts, one per entry, so it cannot be a static "
+            "argument: keep it traced and let a loop primitive stop each entry at its "
+            "own count"
+        )
+    if any(
+        k in message
+        for k in ("TracerIntegerConversionError", "Concretization", "scalar index")
+    ):
+        return (
+            "\n    range(n), int(n) and n.max() in Python need concrete numbers; under jit "
+            "n is traced: loop with lax.while_loop or lax.fori_loop"
+        )
+    if "boolean scalar" in message or "must be scalars" in message:
+        return (
+            "\n    a loop primitive's trip count (or condition) is one scalar for the whole "
+            "loop, and here each entry has its own n: vmap the loop over the entries, "
+            "or loop to the largest count and keep finished entries with jnp.where"
+        )
+    return ""
 
 
 def check_fix_jit(
-    answer: Callable[[jax.Array, int], jax.Array], *, strict: bool = False
+    answer: Callable[[jax.Array, jax.Array], jax.Array],
+    *,
+    strict: bool = False,
+    seed: int | None = None,
 ) -> Feedback:
-    """Exercise 1.1: a version of :func:`repeat_sin` that works under ``jit``.
+    """Exercise 1.1: ``answer(x, n)`` applies ``sin`` ``n[j]`` times to ``x[j]``, under jit.
 
-    Two answers are accepted: a function made by ``jax.jit`` with a static ``n``
-    (``static_argnums=1`` or ``static_argnames="n"``), or a plain function whose loop
-    is a loop primitive (``lax.fori_loop``), which the checker jits with ``n`` traced.
-    The checker jits a fresh wrapper of the function (for a jitted answer: of the
-    function it wraps, with ``n`` static when the answer's trace takes ``x`` alone;
-    :class:`~beyondgrad.tracers.CompilationCounter`), calls it at ``n`` in
-    :data:`FIX_JIT_NS` on ``x = linspace(-1, 2, 5)`` and compares with float64 iterates
-    of ``sin`` (relative error ≤ :data:`FIX_JIT_RTOL`). It reports how often that fresh
-    ``jit`` traced (and compiled): once per static value of ``n``, or once for a traced
-    ``n``. A plain answer is first called once without ``jit`` at ``n = 1``, which must
-    return a JAX array (not a Python number).
+    ``x`` is float32 and ``n`` an int32 array of the same shape (:data:`FIX_JIT_SIZE`
+    entries, counts from :func:`fix_jit_counts`: random, up to :data:`FIX_JIT_MAX_N`).
+    The checker jits a fresh wrapper of ``answer`` (so ``n`` is traced;
+    :class:`~beyondgrad.tracers.CompilationCounter`), calls it twice with different
+    ``x`` and counts, compares each result with float64 iterates of ``sin``
+    (``|got - want| <= FIX_JIT_ATOL + FIX_JIT_RTOL |want|``), and requires one trace for
+    both calls: the counts must stay traced.
     """
-    msg = exercises.require_callable(answer, "repeat_sin_fixed")
+    msg = exercises.require_callable(answer, "repeat_sin_each")
     if msg:
         return exercises.verdict(EX1, [msg], strict=strict)
-    x = jnp.linspace(-1.0, 2.0, 5)
-    if _is_jitted(answer):
-        traced = exercises.call_answer(answer.trace, x, 1, what="your jitted function")
-        early = exercises.early_verdict(EX1, traced, strict=strict)
-        if early is not None:
-            return early
-        static_n = len(traced.jaxpr.in_avals) == 1
-        inner = answer.__wrapped__
-        how = "your jitted function"
-    else:
-        eager = exercises.call_answer(
-            answer, x, 1, what="your function (called without jit)"
-        )
-        wrong = exercises.mismatch_verdict(
-            EX1,
-            eager,
-            _sin_iterates(x, 1),
-            rtol=FIX_JIT_RTOL,
-            atol=FIX_JIT_ATOL,
-            name="repeat_sin_fixed(x, 1)",
-            allow_python_scalars=False,
-            strict=strict,
-        )
-        if wrong is not None:
-            return wrong
-        static_n, inner = False, answer
-        how = "jax.jit(your function)"
-    # A fresh wrapper function: jit's caches belong to the function object, so a new
-    # jax.jit of the same function would share the entries of earlier runs.
-    fresh = CompilationCounter(inner, **({"static_argnums": 1} if static_n else {}))
+    rng = np.random.default_rng(seed)
+    fresh = CompilationCounter(answer)
     problems: list[str] = []
-    for n in FIX_JIT_NS:
-        got = exercises.call_answer(fresh, x, n, what=how)
-        msg = exercises.failed(got)
-        if msg:
-            problems.append(f"n={n}: {msg}")
-            break
-        problems += exercises.tree_mismatches(
+    for k in range(FIX_JIT_CALLS):
+        x = np.linspace(-1.0, 2.0, FIX_JIT_SIZE, dtype=np.float32) * (1 - 0.25 * k)
+        n = fix_jit_counts(int(rng.integers(2**31)))
+        got = exercises.call_answer(
+            fresh, jnp.asarray(x), jnp.asarray(n), what="jax.jit(your function)"
+        )
+        if exercises.is_stub(got):
+            return exercises.verdict(EX1, [], attempted=False, strict=strict)
+        failure = exercises.failed(got)
+        if failure:
+            return exercises.verdict(
+                EX1, [failure + _fix_jit_hint(failure)], strict=strict
+            )
+        want = _sin_iterates(x, n)
+        found = exercises.tree_mismatches(
             got,
-            _sin_iterates(x, n),
+            want,
             rtol=FIX_JIT_RTOL,
             atol=FIX_JIT_ATOL,
-            name=f"result for n={n}",
+            name=f"call {k + 1}: result",
         )
+        if found:
+            problems += found
+            shape_ok = np.shape(got) == want.shape
+            if shape_ok:
+                got64 = np.asarray(got, np.float64)
+                bad = np.abs(got64 - want) > FIX_JIT_ATOL + FIX_JIT_RTOL * np.abs(want)
+                bad |= ~np.isfinite(got64)
+                wrong = sorted({int(c) for c in n[bad]})
+                right = sorted({int(c) for c in n[~bad]})
+                problems.append(
+                    f"with counts n = {n.tolist()}: wrong for n in {wrong}, "
+                    f"right for n in {right}"
+                    + (
+                        "; every count above "
+                        f"{max(c for c in right if c < min(wrong))} is wrong: does your "
+                        "loop stop at a fixed number of steps?"
+                        if right and min(wrong) > min(right) and max(right) < min(wrong)
+                        else ""
+                    )
+                )
+            break
     if problems:
         return exercises.verdict(EX1, problems, strict=strict)
-    compiled = fresh.traces
-    if static_n:
-        method = "n is a static argument"
-    else:
-        loops = sorted(_loop_primitives(answer, x))
-        method = f"n is traced and the loop is the {'/'.join(loops) or 'no'} primitive"
+    if fresh.traces != 1:
+        return exercises.verdict(
+            EX1,
+            [
+                f"a fresh jit traced your function {fresh.traces} times for "
+                f"{FIX_JIT_CALLS} calls with the same shapes and dtypes: it should "
+                "trace once; something in it depends on the values of n or x"
+            ],
+            strict=strict,
+        )
     success = (
-        f"matches sin applied n times for n in {FIX_JIT_NS} under jit; {method}; "
-        f"a fresh jit traced and compiled it {compiled} time(s) for these "
-        f"{len(FIX_JIT_NS)} values of n"
+        f"matches sin applied n[j] times to x[j] for random counts up to "
+        f"{FIX_JIT_MAX_N} (relative error <= {FIX_JIT_RTOL:g}, absolute "
+        f"{FIX_JIT_ATOL:g}); a fresh jit traced it once for {FIX_JIT_CALLS} calls"
     )
     return exercises.verdict(EX1, [], success=success, strict=strict)
 
@@ -315,6 +348,109 @@ def _bump_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return value, np.where(pos, value / safe**2, 0.0)
 
 
+#: Exercise 1.3 (a): each end of the interval must be within this relative distance of
+#: the measured end. Bisection on float32 finds the ends exactly; reasoning from
+#: ``jnp.finfo(jnp.float32)`` gets within about 1e-6 of them when the reason is right.
+NAN_INTERVAL_RTOL = 1e-3
+
+
+def _grad_bump_is_nan(x: float) -> bool:
+    return bool(jnp.isnan(jax.grad(bump)(jnp.float32(x))))
+
+
+def _bisect_magnitude(sign: float, nan_small: bool = True) -> float:
+    """The float32 magnitude where NaN stops, on one side of 0 (bisection on the bits).
+
+    Bit patterns of positive float32 numbers are ordered like the numbers, so bisecting
+    the int32 view between 1e-38 (NaN next to 0) and 1.0 (finite) finds the last NaN
+    magnitude exactly.
+    """
+    lo, hi = np.float32(1e-38).view(np.int32), np.float32(1.0).view(np.int32)
+    if not _grad_bump_is_nan(sign * float(np.int32(lo).view(np.float32))):
+        raise RuntimeError(
+            "grad(bump) is finite next to 0: the exercise needs updating"
+        )
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _grad_bump_is_nan(sign * float(np.int32(mid).view(np.float32))):
+            lo = mid
+        else:
+            hi = mid
+    return float(np.int32(lo).view(np.float32))
+
+
+def nan_interval_measured() -> tuple[float, float]:
+    """``(a, b)``: float32 ``jax.grad(bump)(x)`` is NaN exactly for ``a <= x <= b``.
+
+    Measured on the running JAX by bisection (the NaN set is one interval around 0: the
+    left end is where ``exp(-1/x)`` overflows, the right end where a power of ``1/x``
+    does). Called by :func:`check_nan_interval`; not a value to copy into an answer.
+    """
+    return -_bisect_magnitude(-1.0), _bisect_magnitude(1.0)
+
+
+def check_nan_interval(
+    answer: Sequence[float] | Callable[[], Sequence[float]], *, strict: bool = False
+) -> Feedback:
+    """Exercise 1.3 (a): the float32 ``x`` where ``jax.grad(bump)(x)`` is NaN.
+
+    ``answer`` is a pair ``(a, b)`` (or a function returning one): the gradient is NaN
+    for ``a <= x <= b`` and finite elsewhere. Each end must be within
+    :data:`NAN_INTERVAL_RTOL` (relative) of :func:`nan_interval_measured`. A wrong end
+    is answered with the gradient at a point between it and the true end, so the
+    message says which way to move it without giving it away.
+    """
+    given, early = exercises.given_answer(
+        EX3A, answer, what="my_nan_interval()", strict=strict
+    )
+    if early is not None:
+        return early
+    try:
+        a, b = (float(v) for v in given)
+    except (TypeError, ValueError):
+        return exercises.verdict(
+            EX3A,
+            [
+                "answer must be a pair of numbers (a, b): the gradient is NaN for "
+                f"a <= x <= b; got {type(given).__name__} {given!r:.60}"
+            ],
+            strict=strict,
+        )
+    if not a < b:
+        return exercises.verdict(
+            EX3A,
+            [f"the left end must be below the right end; got ({a:g}, {b:g})"],
+            strict=strict,
+        )
+    true_a, true_b = nan_interval_measured()
+    rtol = NAN_INTERVAL_RTOL
+    problems: list[str] = []
+    for side, got, want in (("left", a, true_a), ("right", b, true_b)):
+        if abs(got - want) <= rtol * abs(want):
+            continue
+        if np.sign(got) == np.sign(want) and np.isfinite(got) and got != 0:
+            probe = float(np.sign(want) * np.sqrt(abs(got) * abs(want)))
+        else:
+            probe = want * (
+                10.0 if abs(got) > abs(want) or not np.isfinite(got) else 0.1
+            )
+        slope = float(jax.grad(bump)(jnp.float32(probe)))
+        inside = a <= probe <= b
+        if inside:
+            fix = "your interval contains it: move the " + side + " end toward 0"
+        else:
+            fix = "your interval misses it: move the " + side + " end away from 0"
+        problems.append(
+            f"{side} end {got:g}: at x = {probe:.6g}, between your end and the true "
+            f"one, grad(bump) is {slope:g}; {fix} (required: within {rtol:g} relative)"
+        )
+    success = (
+        f"the gradient is NaN exactly on [{true_a:.8g}, {true_b:.8g}] (float32, "
+        f"measured on this JAX); your ends are within {rtol:g} relative"
+    )
+    return exercises.verdict(EX3A, problems, success=success, strict=strict)
+
+
 def check_finite_grad(
     answer: Callable[[jax.Array], jax.Array], *, strict: bool = False
 ) -> Feedback:
@@ -362,7 +498,8 @@ def check_finite_grad(
     problems = [_with_x(p) for p in problems]
     success = (
         f"values and jit(vmap(grad)) match e^(-1/x) and e^(-1/x)/x^2 (0 for x <= 0) at "
-        f"{len(BUMP_GRID)} points of [-2, 2], all finite"
+        f"{len(BUMP_GRID)} points of [-2, 2], all finite (relative error <= "
+        f"{BUMP_RTOL:g})"
     )
     return exercises.verdict(EX3, problems, success=success, strict=strict)
 

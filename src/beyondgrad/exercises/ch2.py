@@ -48,11 +48,12 @@ __all__ = [
 #: Length of the vector ``x`` of :func:`exercise_linear_map`.
 EXERCISE_MAP_SIZE = 6
 
-#: Values and transposes are compared to this relative (and absolute) tolerance: the
-#: entries are O(10) and float32 rounding of either side is below 1e-6.
-TRANSPOSE_RTOL = 1e-5
-#: A correct transpose passes the dot-product test at rounding level (~1e-8 measured).
-DOT_PRODUCT_TOL = 1e-5
+#: Transposes are compared to this relative tolerance (plus 0.1x it absolute): a
+#: hand-written and a float64 dense transpose differ from the reference by 1e-7..3e-7
+#: (they pass at 3e-7, fail at 1e-7; JAX 0.8.2 and 0.12): about 10x below.
+TRANSPOSE_RTOL = 2e-6
+#: The dot-product test of a correct transpose: 1.3e-8..3.3e-8 measured; 10x that.
+DOT_PRODUCT_TOL = 3e-7
 
 
 def _weights_np() -> np.ndarray:
@@ -149,7 +150,7 @@ def check_transpose(
             got,
             reference(v)[0],
             rtol=TRANSPOSE_RTOL,
-            atol=TRANSPOSE_RTOL,
+            atol=0.1 * TRANSPOSE_RTOL,
             name=label,
             allow_python_scalars=False,
         )
@@ -172,11 +173,15 @@ def check_transpose(
         for k in range(3)
     )
     if worst > DOT_PRODUCT_TOL:
-        problem = f"dot-product test mismatch {worst:.2e} (allowed {DOT_PRODUCT_TOL:g})"
+        problem = (
+            f"dot-product test mismatch {worst:.2e} (allowed {DOT_PRODUCT_TOL:g}): "
+            "your transpose is close but not exact; compute every term in float32 "
+            "from v alone (no rounded constants, no scaling)"
+        )
         return ex.verdict(name, [problem], strict=strict)
     success = (
         f"matches the transpose on 3 random cotangents (rtol {TRANSPOSE_RTOL:g}); "
-        f"worst dot-product mismatch {worst:.1e}"
+        f"worst dot-product mismatch {worst:.1e} (allowed {DOT_PRODUCT_TOL:g})"
     )
     return ex.verdict(name, [], success=success, strict=strict)
 
@@ -208,8 +213,10 @@ def _call_jitted(answer: Any, f: Callable[..., PyTree], params: PyTree) -> Any:
     return got
 
 
-#: Exercise 2.2's tolerance (float32 at "highest" matmul precision; measured <1e-6).
-JACREV_RTOL = 1e-5
+#: Exercise 2.2's tolerance (float32 at "highest" matmul precision). Two correct
+#: methods agree with jax.jacrev to 1e-8 here (measured); another order of float32
+#: sums moves an entry by a few ulps (1.2e-7 each), which 1e-6 still accepts.
+JACREV_RTOL = 1e-6
 
 
 def check_rebuilt_jacrev(
@@ -247,7 +254,10 @@ def check_rebuilt_jacrev(
             allow_python_scalars=False,
         )
         problems += found
-    success = "matches jax.jacrev on a dict-valued and a tuple-valued function"
+    success = (
+        "matches jax.jacrev on a dict-valued and a tuple-valued function (relative "
+        f"error <= {JACREV_RTOL:g})"
+    )
     return ex.verdict(name, problems, success=success, strict=strict)
 
 
