@@ -102,7 +102,7 @@ def _check_num_samples(num_samples: object) -> None:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
 
 
-def _check_key(key: object, method: str) -> None:
+def _check_key(key: object, method: str) -> jax.Array:
     if key is None:
         raise ValueError(
             f"method={method!r} needs a PRNG key: pass key=jax.random.key(0) "
@@ -112,6 +112,7 @@ def _check_key(key: object, method: str) -> None:
         raise TypeError(
             f"key must be a JAX PRNG key (jax.random.key(0)), got {type(key).__name__}"
         )
+    return key
 
 
 def _check_input(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
@@ -186,7 +187,7 @@ def grad_and_laplacian(
         return g, lax.fori_loop(0, x.shape[0], body, jnp.zeros_like(g[0]))
     if method == "vmap":
         return g, jnp.trace(jax.vmap(hvp)(basis(x)))
-    probes = hutchinson_probes(key, x, num_samples)
+    probes = hutchinson_probes(_check_key(key, method), x, num_samples)
     return g, jnp.mean(jnp.sum(jax.vmap(hvp)(probes) * probes, axis=-1))
 
 

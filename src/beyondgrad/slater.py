@@ -907,7 +907,7 @@ def walker_keys(key: jax.Array, count: int, *, first: jax.Array | int = 0) -> ja
 
 def _step(
     get_log_psi: Callable[[], Callable],
-    method: str,
+    method: Method,
     estimator: str,
     omega: float,
     count: int | None,
@@ -948,7 +948,7 @@ def _batch_energy_and_grad(
     params: Params,
     walkers: jax.Array,
     *,
-    method: str,
+    method: Method,
     estimator: str,
     key: jax.Array | None,
     omega: float,
@@ -959,7 +959,7 @@ def _batch_energy_and_grad(
     """Shared body: ``total`` sums over this batch (``jnp.sum``) or over all shards (psum of sums)."""
     keys = (
         walker_keys(key, walkers.shape[0], first=first)
-        if method == "hutchinson"
+        if method == "hutchinson" and key is not None  # checked by _check_step_input
         else None
     )
 

@@ -856,7 +856,7 @@ def _jvp_hole(fn_name: str) -> str:
     import jax.numpy as jnp
     from jax import lax
 
-    fns = {
+    fns: dict[str, Callable[..., Any]] = {
         "lax.sin": lax.sin,
         "jit(lax.sin)": jax.jit(lax.sin),
         "lax.mul": lambda q: lax.mul(q, jnp.full_like(q, 2.0)),
