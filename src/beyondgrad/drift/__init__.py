@@ -231,7 +231,9 @@ def segments(probe_id: str) -> list[tuple[str, str, Outcome | None]]:
         if runs:
             first, _, prev = runs[-1]
             same = (prev is None and o is None) or (
-                prev is not None and o is not None and prev.same_behaviour(o, exact=False)
+                prev is not None
+                and o is not None
+                and prev.same_behaviour(o, exact=False)
             )
             if same:
                 runs[-1] = (first, v, o)
