@@ -276,7 +276,9 @@ def cmd_page(py: Path, paths: list[str], build: Path) -> int:
     # The first page is the root, so the intro (which links every chapter) stays out;
     # links from these pages to chapters outside the selection still warn.
     rest = [
-        p for p in dict.fromkeys([*stems[1:], "glossary", "status"]) if p != stems[0]
+        p
+        for p in dict.fromkeys([*stems[1:], "glossary", "status", "api"])
+        if p != stems[0]
     ]
     entries = "\n".join(f"      - file: {s}" for s in rest)
     toc.write_text(

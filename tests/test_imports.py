@@ -141,3 +141,37 @@ def test_every_mutant_of_the_mutation_check_still_applies(tmp_path):
     stale = {m.id: mutate.apply(m, tmp_path) for m in mutate.MUTANTS}
     assert {k: v for k, v in stale.items() if v is not None} == {}
     assert len({m.id for m in mutate.MUTANTS}) == len(mutate.MUTANTS) >= 15
+
+
+def test_names_used_finds_a_chapters_helpers_and_nothing_else():
+    """The chapter → API links (tools.api.names_used, used by _ext/book_ext.py)."""
+    from tools import api
+
+    text = (
+        "from beyondgrad import drift, tracers as tr\n"
+        "from beyondgrad.exercises import ch1 as ex1\n"
+        "tr.format_table(rows)\n"
+        "x = drift.table(['p']); drift.table([])\n"
+        "tr.not_a_public_name(1)\n"  # not in tracers.__all__
+        "other.format_table\n"  # not a beyondgrad alias
+        "ex1.check_fix_jit(f)\n"
+    )
+    assert api.names_used(text) == [
+        "beyondgrad.tracers.format_table",
+        "beyondgrad.drift.table",
+        "beyondgrad.exercises.ch1.check_fix_jit",
+    ]
+    assert api.names_used("import jax\njax.grad(f)\n") == []
+
+
+def test_every_chapter_links_only_names_on_the_api_page():
+    from tools import api
+
+    page = (ROOT / "api.md").read_text()
+    for chapter in sorted((ROOT / "chapters").glob("*.md")):
+        used = api.names_used(chapter.read_text())
+        assert used, f"{chapter.name} calls no beyondgrad helper?"
+        for dotted in used:
+            module, name = dotted.rsplit(".", 1)
+            assert f"{{py:obj}}`~{dotted}`" in page, f"{chapter.name}: {dotted}"
+            assert name in api.static_public_names(module)

@@ -14,6 +14,7 @@ left off it. Importing the modules starts no JAX backend.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import inspect
 import re
@@ -53,6 +54,58 @@ def public_modules() -> list[str]:
 
 def public_names(module: str) -> list[str]:
     return list(importlib.import_module(module).__all__)
+
+
+def static_public_names(module: str) -> list[str]:
+    """``module.__all__`` read from its source (no import, so no JAX in Sphinx)."""
+    parts = module.split(".")[1:]
+    path = PACKAGE.joinpath(*parts)
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                return [str(v) for v in ast.literal_eval(node.value or ast.List([]))]
+    return []
+
+
+_IMPORT = re.compile(
+    r"^\s*from (beyondgrad(?:\.\w+)*) import ([\w, ()]+?)\s*$", re.MULTILINE
+)
+
+
+def names_used(source: str) -> list[str]:
+    """Public ``beyondgrad`` names that a chapter's code calls, as ``module.name``.
+
+    Reads the chapter's ``from beyondgrad[.pkg] import mod [as alias]`` lines, then
+    every ``alias.name`` in the text whose ``name`` is in that module's ``__all__``;
+    in order of first use, each once. The book's Sphinx extension links them to this
+    page at the end of each chapter.
+    """
+    modules = set(public_modules_static())
+    aliases: dict[str, str] = {}
+    for package, names in _IMPORT.findall(source):
+        for item in names.strip("()").split(","):
+            words = item.split()
+            if not words:
+                continue
+            dotted = f"{package}.{words[0]}"
+            if dotted in modules:
+                aliases[words[-1]] = dotted
+    if not aliases:
+        return []
+    found: list[str] = []
+    pattern = re.compile(rf"\b({'|'.join(map(re.escape, aliases))})\.(\w+)\b")
+    for alias, name in pattern.findall(source):
+        dotted = f"{aliases[alias]}.{name}"
+        if name in static_public_names(aliases[alias]) and dotted not in found:
+            found.append(dotted)
+    return found
+
+
+def public_modules_static() -> list[str]:
+    """:func:`public_modules` (it reads files only; named for the extension's use)."""
+    return public_modules()
 
 
 def _documented_by_comment(module: str, name: str) -> bool:
