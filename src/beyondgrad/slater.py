@@ -14,8 +14,8 @@ Local energy (atomic units, ħ = m = e = 1) of ``n`` electrons in a harmonic tra
 (frequency ``omega``) that repel each other by Coulomb's law:
 
 .. math::
-   E_L(x) = -\\tfrac12\\big(\\Delta\\log|\\psi| + |\\nabla\\log|\\psi||^2\\big)
-            + \\tfrac12\\omega^2\\sum_i |r_i|^2 + \\sum_{i<j} \\frac1{|r_i-r_j|}.
+   E_L(x) &= -\\tfrac12\\big(\\Delta\\log|\\psi| + |\\nabla\\log|\\psi||^2\\big) \\\\
+            &\\quad + \\tfrac12\\omega^2\\sum_i |r_i|^2 + \\sum_{i<j} \\frac1{|r_i-r_j|}.
 
 The gradient returned by :func:`energy_and_grad` is, by default (``estimator="vmc"``),
 the VMC estimator :math:`2\\,\\mathbb{E}[(E_L-\\bar E)\\nabla_\\theta\\log|\\psi|]` of the
@@ -499,8 +499,9 @@ def row_formula(
     With :math:`B = A^{-1}` (one LU factorisation, which also gives the log-determinant):
 
     .. math::
-       \\nabla_{r_i}\\log|\\det A| = \\sum_j B_{ji}\\,\\nabla\\varphi_j(r_i), \\qquad
-       \\Delta\\log|\\det A| = \\sum_{i,j} B_{ji}\\,\\Delta\\varphi_j(r_i) - |\\nabla\\log|\\det A||^2 .
+       \\nabla_{r_i}\\log|\\det A| &= \\sum_j B_{ji}\\,\\nabla\\varphi_j(r_i), \\\\
+       \\Delta\\log|\\det A| &= \\sum_{i,j} B_{ji}\\,\\Delta\\varphi_j(r_i)
+           - |\\nabla\\log|\\det A||^2 .
     """
     n = phi.shape[0]
     if phi.shape != (n, n) or dphi.shape != (n, n, 3) or lphi.shape != (n, n):
@@ -660,10 +661,11 @@ def mlp_slater_laplacian(
     :math:`F_{ij}=s_jE_{ij}`, :math:`C=EW_2^\top`, :math:`D=FW_2^\top` (``(n, H)`` each):
 
     .. math::
-       \nabla_{r_i}\log|\psi| &= W_1(h'_i\odot C_i) + W_lE_i^\top - r_i\textstyle\sum_j F_{ij}u_{ij},\\
+       \nabla_{r_i}\log|\psi| &= W_1(h'_i\odot C_i) + W_lE_i^\top
+            - r_i\textstyle\sum_j F_{ij}u_{ij},\\
        \frac{\Delta\psi}{\psi} &= \sum_i\Big[-2\,(h_i\odot h'_i\odot C_i)\cdot w
-            - 2\,r_i\cdot\big(W_1(h'_i\odot D_i)+W_lF_i^\top\big)
-            + \textstyle\sum_j E_{ij}u_{ij}(s_j^2|r_i|^2-3s_j)\Big],
+            - 2\,r_i\cdot\big(W_1(h'_i\odot D_i)+W_lF_i^\top\big)\\
+       &\qquad + \textstyle\sum_j E_{ij}u_{ij}(s_j^2|r_i|^2-3s_j)\Big],
 
     with :math:`w_h=\sum_k (W_1)_{kh}^2`, and
     :math:`\Delta\log|\psi| = \Delta\psi/\psi - |\nabla\log|\psi||^2`. Contracting
