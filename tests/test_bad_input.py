@@ -27,8 +27,9 @@ from beyondgrad import (
     raises,
     runtime,
     sharding,
-    slater,
     tracers,
+    vmc,
+    wavefunctions,
 )
 
 KEY = jax.random.key(0)
@@ -56,15 +57,15 @@ def _batch(n=16):
 
 
 def _walk(key, walkers=None, **kw):
-    params = slater.init_params(KEY, 2, hidden=4)
+    params = wavefunctions.init_params(KEY, 2, hidden=4)
     walkers = jnp.zeros((8, 2, 3)) if walkers is None else walkers
     opts = {"steps": 2, "step_size": 0.1, **kw}
-    return slater.sample_walkers(slater.mlp_log_psi, params, walkers, key, **opts)
+    return vmc.sample_walkers(wavefunctions.mlp_log_psi, params, walkers, key, **opts)
 
 
 def _energy(**kw):
-    params = slater.init_params(KEY, 2, hidden=4)
-    return slater.local_energy(slater.mlp_log_psi, params, jnp.zeros((2, 3)), **kw)
+    params = wavefunctions.init_params(KEY, 2, hidden=4)
+    return vmc.local_energy(wavefunctions.mlp_log_psi, params, jnp.zeros((2, 3)), **kw)
 
 
 class Case(NamedTuple):
@@ -100,7 +101,7 @@ CASES = [
     pytest.param(
         Case(
             "init_params-key-int",
-            lambda: slater.init_params(0, 2),
+            lambda: wavefunctions.init_params(0, 2),
             TypeError,
             ("key", "jax.random.key"),
         ),
@@ -109,7 +110,7 @@ CASES = [
     pytest.param(
         Case(
             "walker_keys-key-int",
-            lambda: slater.walker_keys(1, 4),
+            lambda: vmc.walker_keys(1, 4),
             TypeError,
             ("key", "jax.random.key"),
         ),
@@ -238,14 +239,14 @@ CASES = [
     ),
     Case(
         "init_params-no-electrons",
-        lambda: slater.init_params(KEY, 0),
+        lambda: wavefunctions.init_params(KEY, 0),
         ValueError,
         ("n_electrons", "positive int", "0"),
     ),
     pytest.param(
         Case(
             "walker_keys-count-0",
-            lambda: slater.walker_keys(KEY, 0),
+            lambda: vmc.walker_keys(KEY, 0),
             ValueError,
             ("count", "positive", "0"),
         ),

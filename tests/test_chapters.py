@@ -80,7 +80,9 @@ def test_chapters_that_draw_select_the_inline_backend(source):
     draws = any("matplotlib" in c or "beyondgrad.figures" in c for c in code)
     if draws:
         assert any(
-            line.strip() == "%matplotlib inline" for c in code for line in c.splitlines()
+            line.strip() == "%matplotlib inline"
+            for c in code
+            for line in c.splitlines()
         ), f"{source.name} draws figures: add '%matplotlib inline' to its import cell"
 
 
