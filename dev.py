@@ -6,12 +6,15 @@
     python3 dev.py test        # install into .venv if needed, run the test suite
     python3 dev.py sync        # regenerate the notebooks (chapters/*.ipynb, notebooks/student/)
     python3 dev.py lint        # ruff check + ruff format --check
+    python3 dev.py typecheck   # mypy over src/beyondgrad (config in pyproject.toml)
+    python3 dev.py mutate      # tools/mutate.py: deliberate bugs the tests must catch
     python3 dev.py chapter chapters/01_tracers.md   # execute one chapter, report errors and time
     python3 dev.py page chapters/01_tracers.md      # build only that chapter as a book, with -W
     python3 dev.py drift [--versions ...]  # probes under every JAX of tools/drift.py (drift.md)
 
 Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
---jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX), --force (book:
+--jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX; floor: every direct
+dependency of pyproject.toml at its lower bound), --force (book:
 re-execute every notebook, ignoring the cache; always on when CI=true), --upgrade
 (newest: upgrade jax, jaxlib, folx and numpy to their newest releases; always on when
 CI=true, so CI's newest environment really is the newest).
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,13 +41,16 @@ if sys.version_info < (3, 11):  # noqa: UP036 (a clear message on an old Python)
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+import tomllib  # noqa: E402  (3.11+, checked above)
+
 from tools.book import jax_floor  # noqa: E402  (stdlib only)
 
-#: What the newest environment upgrades (--upgrade, and always on CI), and what every
-#: command reports as the resolved versions.
+#: What the newest environment upgrades (--upgrade, and always on CI).
 UPGRADED = ("jax", "jaxlib", "folx", "numpy")
 #: What `dev.py lint` checks with ruff (configured in pyproject.toml, 88 columns).
 LINTED = ("src", "tests", "tools", "benchmarks", "_ext", "dev.py")
+#: Bumped when the way environments are installed changes: every environment refreshes.
+INSTALLER = "uv-1"
 
 
 def on_ci() -> bool:
@@ -59,23 +66,87 @@ def build_dir(jax_spec: str) -> Path:
     )
 
 
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def direct_dependencies() -> list[str]:
+    """The package's own requirements: ``dependencies`` plus the ``chapters`` extra."""
+    project = _pyproject()["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["chapters"]]
+
+
+def dependency_names() -> tuple[str, ...]:
+    """jax, jaxlib, then every other direct dependency: what each command reports."""
+    names = [
+        re.split(r"[<>=!~ \[;]", d.strip(), maxsplit=1)[0].lower()
+        for d in direct_dependencies()
+    ]
+    return tuple(dict.fromkeys(["jax", "jaxlib", *names]))
+
+
+def floor_pins() -> list[str]:
+    """``name==X`` for every direct dependency's ``name>=X`` (and jaxlib == jax's floor).
+
+    This is what ``uv pip install --resolution lowest-direct`` aims at, made strict: a
+    lower bound that cannot be installed with the others fails here (the resolver
+    reports it) instead of silently moving up; raise that bound in pyproject.toml.
+    """
+    pins = []
+    for dep in direct_dependencies():
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9.]*)", dep.strip())
+        if m is None:
+            raise SystemExit(
+                f"pyproject.toml: dependency {dep!r} has no plain 'name>=X' lower bound; "
+                "the floor environment needs one per direct dependency"
+            )
+        pins.append(f"{m.group(1)}=={m.group(2)}")
+    return [*pins, f"jaxlib=={jax_floor()}"]
+
+
 def jax_requirements(spec: str) -> list[str]:
     if spec == "newest":
         return [f"jax>={jax_floor()}"]
-    version = jax_floor() if spec == "floor" else spec
-    return [f"jax=={version}", f"jaxlib=={version}"]
+    if spec == "floor":
+        return floor_pins()
+    return [f"jax=={spec}", f"jaxlib=={spec}"]
 
 
 def venv_python(env: Path) -> Path:
     return env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
+def uv_command(py: Path) -> list[str]:
+    """uv (https://docs.astral.sh/uv/), which installs and resolves: the one on PATH, else
+    installed with pip into the environment itself (a fresh machine needs only Python)."""
+    found = shutil.which("uv")
+    if found:
+        return [found]
+    uv = py.parent / ("uv.exe" if os.name == "nt" else "uv")
+    if not uv.exists():
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, "uv"], check=True)
+    return [str(uv)]
+
+
+def uv_pip(py: Path, *args: str) -> None:
+    """``uv pip ARGS`` into the environment of ``py`` (stops dev.py on failure)."""
+    cmd = [*uv_command(py), "pip", *args, "--python", str(py)]
+    subprocess.run([*cmd, *([] if on_ci() else ["--quiet"])], check=True)
+
+
 def ensure_env(env: Path, jax_spec: str) -> Path:
-    """Create/refresh the virtual environment; skip when nothing it depends on changed."""
+    """Create/refresh the virtual environment; skip when nothing it depends on changed.
+
+    The environment is a standard venv (``venv`` from the standard library); uv resolves
+    and installs into it in one step: requirements.txt (the tools), this package with
+    its ``chapters`` extra (editable), and the JAX requirement of ``jax_spec``.
+    """
     reqs = jax_requirements(jax_spec)
     # The venv keeps the Python it was created with; the stamp covers what is installed into it.
     stamp_text = "\n".join(
         [
+            INSTALLER,
             *reqs,
             (ROOT / "requirements.txt").read_text(),
             (ROOT / "pyproject.toml").read_text(),
@@ -90,32 +161,38 @@ def ensure_env(env: Path, jax_spec: str) -> Path:
     print(f"[dev] installing into {env} ({', '.join(reqs)}) ...", flush=True)
     if not py.exists():
         venv.create(env, with_pip=True, clear=True)
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "-U", "pip"], check=True)
-    subprocess.run([*pip, "-r", str(ROOT / "requirements.txt"), *reqs], check=True)
-    subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True)
+    try:
+        uv_pip(
+            py,
+            "install",
+            "-r",
+            str(ROOT / "requirements.txt"),
+            "-e",
+            f"{ROOT}[chapters]",
+            *reqs,
+        )
+    except subprocess.CalledProcessError:
+        hint = (
+            "the floor pins every direct dependency at its pyproject.toml lower bound: "
+            "raise the bound uv names above"
+            if jax_spec == "floor"
+            else "see uv's message above"
+        )
+        raise SystemExit(f"[dev] cannot install into {env}: {hint}") from None
     stamp_file.write_text(stamp)
     print(f"[dev] environment ready in {time.perf_counter() - t0:.0f} s", flush=True)
     return py
 
 
 def upgrade_newest(py: Path) -> None:
-    """Upgrade jax, jaxlib, folx and numpy to their newest releases (pip's resolver decides)."""
+    """Upgrade jax, jaxlib, folx and numpy to their newest releases (uv's resolver decides)."""
     t0 = time.perf_counter()
     print(
         f"[dev] upgrading {', '.join(UPGRADED)} to the newest releases ...", flush=True
     )
-    cmd = [
-        str(py),
-        "-m",
-        "pip",
-        "install",
-        "-q",
-        "--disable-pip-version-check",
-        "-U",
-        *UPGRADED,
-    ]
-    subprocess.run(cmd, check=True)
+    # --refresh-package: ask the index again, not uv's cached page of it.
+    refresh = [arg for name in UPGRADED for arg in ("--refresh-package", name)]
+    uv_pip(py, "install", "--upgrade", *refresh, *UPGRADED)
     print(f"[dev] upgraded in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
@@ -132,15 +209,18 @@ _VERSIONS = (
 
 
 def resolved_versions(py: Path) -> str:
-    """``jax X, jaxlib Y, folx Z, numpy W, Python V`` as installed in the environment."""
-    code = _VERSIONS.format(names=UPGRADED)
+    """``jax X, jaxlib Y, numpy Z, folx W, ..., Python V``: every direct dependency as
+    installed in the environment."""
+    code = _VERSIONS.format(names=dependency_names())
     return subprocess.run(
         [str(py), "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
 
 
-def run_env(build: Path | None = None) -> dict[str, str]:
+def run_env(build: Path | None = None, jax_spec: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if jax_spec is not None:  # tests check the floor environment against pyproject.toml
+        env["BEYONDGRAD_JAX"] = jax_spec
     if (
         build is not None
     ):  # tools.book.build_dir(): caches of executed notebooks live here
@@ -196,7 +276,9 @@ def cmd_page(py: Path, paths: list[str], build: Path) -> int:
     # The first page is the root, so the intro (which links every chapter) stays out;
     # links from these pages to chapters outside the selection still warn.
     rest = [
-        p for p in dict.fromkeys([*stems[1:], "glossary", "status"]) if p != stems[0]
+        p
+        for p in dict.fromkeys([*stems[1:], "glossary", "status", "api"])
+        if p != stems[0]
     ]
     entries = "\n".join(f"      - file: {s}" for s in rest)
     toc.write_text(
@@ -231,18 +313,30 @@ def cmd_lint(py: Path) -> int:
     return rc or fmt
 
 
+def cmd_typecheck(py: Path) -> int:
+    """mypy over src/beyondgrad (configured in pyproject.toml) with this environment's JAX."""
+    rc = subprocess.run([str(py), "-m", "mypy"], cwd=ROOT).returncode
+    if rc:
+        print(
+            "[dev] mypy found type errors in src/ (config: pyproject.toml [tool.mypy])"
+        )
+    return rc
+
+
 #: How the whole suite runs: one pytest worker per core (pytest-xdist), and a worker
 #: that finishes early takes queued tests from the others (the student notebooks and the
 #: benchmark checks run tens of seconds each, most tests well under one).
 PARALLEL = ["-n", "auto", "--dist", "worksteal"]
 
 
-def cmd_test(py: Path, pytest_args: list[str], build: Path) -> int:
+def cmd_test(
+    py: Path, pytest_args: list[str], build: Path, jax_spec: str = "newest"
+) -> int:
     """Run pytest: the whole suite in parallel (``PARALLEL``), or exactly what
     ``pytest_args`` select, in one process."""
     args = pytest_args or PARALLEL
     rc = subprocess.run(
-        [str(py), "-m", "pytest", *args], cwd=ROOT, env=run_env(build)
+        [str(py), "-m", "pytest", *args], cwd=ROOT, env=run_env(build, jax_spec)
     ).returncode
     if rc == 5:  # pytest: no tests collected (e.g. a -k filter matched nothing)
         print("[dev] pytest collected no tests")
@@ -256,7 +350,9 @@ def cmd_chapter(py: Path, paths: list[str], build: Path) -> int:
     ).returncode
 
 
-COMMANDS = ["book", "test", "sync", "lint", "chapter", "page", "setup"]
+COMMANDS = [
+    "book", "test", "sync", "lint", "typecheck", "mutate", "chapter", "page", "setup"
+]  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
@@ -300,13 +396,18 @@ def main(argv: list[str]) -> int:
     if ns.command == "book":
         return cmd_book(py, ns.force or on_ci(), build)
     if ns.command == "test":
-        return cmd_test(py, ns.args, build)
+        return cmd_test(py, ns.args, build, ns.jax)
     if ns.command == "sync":
         return subprocess.run(
             [str(py), "-m", "tools.book"], cwd=ROOT, env=run_env(build)
         ).returncode
     if ns.command == "lint":
         return cmd_lint(py)
+    if ns.command == "typecheck":
+        return cmd_typecheck(py)
+    if ns.command == "mutate":  # tools/mutate.py: deliberate bugs the tests must catch
+        cmd = [str(py), "-m", "tools.mutate", "--python", str(py), *ns.args]
+        return subprocess.run(cmd, cwd=ROOT, env=run_env(build)).returncode
     if ns.command == "chapter":
         return cmd_chapter(py, ns.args, build)
     if ns.command == "page":

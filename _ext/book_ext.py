@@ -8,6 +8,8 @@
   environment that built the book, and a table, filled at build time, of each executed
   page's run time (myst-nb's execution data) and the JAX/jaxlib/Python versions and
   devices that produced its outputs (the ``describe()`` record printed by its setup cell).
+* At the end of each chapter's *Summary* section, links to the API reference entries
+  of the ``beyondgrad`` helpers the chapter's code calls (``tools.api.names_used``).
 * On every chapter page with solutions, a box at the top of its *Exercises* section that
   opens the chapter's student notebook (solutions replaced by links back to the book)
   on Colab; the launch button opens the self-study notebook.
@@ -25,6 +27,7 @@ from sphinx.util.docutils import SphinxDirective
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tools.api import names_used  # noqa: E402
 from tools.book import (  # noqa: E402
     cached_execution,
     jax_floor,
@@ -254,6 +257,49 @@ def add_substitutions(app: Sphinx, config) -> None:
     config.myst_substitutions = subs
 
 
+SUMMARY_TITLE = "Summary"
+
+
+def add_api_links(app: Sphinx, doctree: nodes.document) -> None:
+    """Link each ``beyondgrad`` helper a chapter calls to its API reference entry.
+
+    A paragraph at the end of the chapter's *Summary* section (or of the page when it
+    has none) lists them in order of first use; teaching apparatus (exercise checkers)
+    is left out. The links are ordinary Python cross-references, so a name missing
+    from the API page fails the build (it runs with -n -W).
+    """
+    from sphinx.addnodes import pending_xref
+
+    source = Path(app.env.doc2path(app.env.docname))
+    if source.suffix != ".md" or not source.with_suffix(".ipynb").exists():
+        return
+    used = [n for n in names_used(source.read_text()) if ".exercises." not in n]
+    if not used:
+        return
+    para = nodes.paragraph()
+    para += nodes.Text("The helpers from ")
+    para += nodes.literal(text="beyondgrad")
+    para += nodes.Text(" that this page calls (see the API reference): ")
+    for i, dotted in enumerate(used):
+        if i:
+            para += nodes.Text(", ")
+        ref = pending_xref(
+            "", refdomain="py", reftype="obj", reftarget=dotted, refexplicit=True
+        )
+        ref += nodes.literal(text=dotted.removeprefix("beyondgrad."))
+        para += ref
+    para += nodes.Text(".")
+    target = None
+    for section in doctree.findall(nodes.section):
+        title = section.next_node(nodes.title)
+        if title is not None and title.astext().strip() == SUMMARY_TITLE:
+            target = section
+            break
+    if target is None:
+        target = next(iter(doctree.findall(nodes.section)), doctree)
+    target += para
+
+
 def setup(app: Sphinx) -> dict:
     app.add_lexer("ipythontb", robust_traceback_lexer())
     app.add_node(status_placeholder)
@@ -261,6 +307,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("config-inited", add_substitutions)
     app.connect("doctree-resolved", fill_status)
     app.connect("doctree-read", add_student_notebook_link)
+    app.connect("doctree-read", add_api_links)
     app.connect(
         "html-page-context", drop_launch_without_notebook, priority=502
     )  # after the theme

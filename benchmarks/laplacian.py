@@ -3,7 +3,7 @@
 Three orbital families with different structure (each ``orbitals(params, r (3,)) ->
 (n,)``, log|ψ| = log|det A|, A[i, j] = φ_j(r_i)):
 
-* ``mlp``: the book's MLP orbitals times Gaussian envelopes (``slater.mlp_orbitals``,
+* ``mlp``: the book's MLP orbitals times Gaussian envelopes (``wavefunctions.mlp_orbitals``,
   hidden width 2n);
 * ``gto``: Gaussian-type orbitals with polynomial prefactors of degree ≤ 2 around
   n different centres, :math:`\\varphi_j(r) = c_j\\cdot p(r-R_j)\\,e^{-\\alpha_j|r-R_j|^2}`;
@@ -25,7 +25,7 @@ Methods (all on a batch of walkers, ``jit(vmap(...))``, float32):
   derivatives (``slater.orbital_derivatives_fwdfwd``), the previous implementation;
 * ``slater rows, folx orbitals``: the row formula with folx's forward Laplacian at the
   orbital level;
-* ``mlp analytic``: ``slater.mlp_slater_laplacian`` (hand-derived, MLP family only).
+* ``mlp analytic``: ``wavefunctions.mlp_slater_laplacian`` (hand-derived, MLP family only).
 
 Timing follows ``beyondgrad.measure.time_calls``: every method warmed up, repeats
 interleaved round-robin, each timed call right after an untimed one; minimum and median
@@ -33,7 +33,7 @@ of the repeats are both reported, and the ratios use the minimum (the least dist
 repeat on a shared machine). ``temp_bytes`` is XLA's planned temporary memory of the
 compiled program (``measure.temp_bytes``). ``rel_err`` is ‖Δ32 − Δ64‖/‖Δ64‖ over the
 batch against the generic ``vmap`` method in float64, at walkers sampled from |ψ|² by
-``slater.sample_walkers``.
+``vmc.sample_walkers``.
 
 Targets (issue 13), for ``slater_laplacian`` at n = 32 and 64, 16 walkers, float32,
 CPU: ≤ 0.5 × folx-best, ≤ 3 × one log|ψ| evaluation, rel_err ≤ 1e-5, growth from
@@ -73,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondgrad import laplacian as L
-from beyondgrad import measure, slater
+from beyondgrad import measure, slater, vmc, wavefunctions
 
 T0 = time.perf_counter()
 RECORD = (
@@ -161,11 +161,11 @@ def pw_orbitals(p: dict, r: jax.Array) -> jax.Array:
 
 
 def mlp_params(key: jax.Array, n: int) -> dict:
-    return slater.init_params(key, n, hidden=2 * n)
+    return wavefunctions.init_params(key, n, hidden=2 * n)
 
 
 FAMILIES: dict[str, tuple[Callable, Callable]] = {
-    "mlp": (mlp_params, slater.mlp_orbitals),
+    "mlp": (mlp_params, wavefunctions.mlp_orbitals),
     "gto": (gto_params, gto_orbitals),
     "pw-jastrow": (pw_params, pw_orbitals),
 }
@@ -230,7 +230,7 @@ def method_fns(family: str, n: int) -> dict[str, Callable]:
     fns["slater rows, folx orbitals"] = rows(folx_orbital_derivatives)
     if family == "mlp":
         fns["mlp analytic"] = lambda p, pos: (lambda out: (out[1].reshape(-1), out[2]))(
-            slater.mlp_slater_laplacian(p, pos)
+            wavefunctions.mlp_slater_laplacian(p, pos)
         )
     fns["hutchinson(16)"] = generic("hutchinson", key=jax.random.key(0), num_samples=16)
     return fns
@@ -243,7 +243,7 @@ def make_problem(
     make, _ = FAMILIES[family]
     params = make(jax.random.key(n), n)
     start = 1.0 * jax.random.normal(jax.random.key(100 + n), (batch, n, 3), jnp.float32)
-    walkers, acceptance = slater.sample_walkers(
+    walkers, acceptance = vmc.sample_walkers(
         family_log_psi(family),
         params,
         start,

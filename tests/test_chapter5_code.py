@@ -21,7 +21,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from beyondgrad import laplacian as L
-from beyondgrad import runtime, slater
+from beyondgrad import runtime, slater, vmc, wavefunctions
 from tools import book
 
 runtime.ensure_cpu_devices(8)
@@ -67,10 +67,12 @@ def chapter() -> dict:
         "jnp": jnp,
         "lax": lax,
         "slater": slater,
+        "vmc": vmc,
+        "wavefunctions": wavefunctions,
         "functools": functools,
         "P": P,
     }
-    ns["batch_log_psi"] = jax.vmap(slater.mlp_log_psi, in_axes=(None, 0))
+    ns["batch_log_psi"] = jax.vmap(wavefunctions.mlp_log_psi, in_axes=(None, 0))
     for name in NAMES:  # definition order: local_energy's default needs loop_laplacian
         exec(defs[name], ns)
     return ns
@@ -90,7 +92,9 @@ def rel(a, b) -> float:
 @pytest.fixture(scope="module")
 def case():
     with jax.enable_x64(True):
-        params = slater.init_params(jax.random.key(5), 3, hidden=8, dtype=jnp.float64)
+        params = wavefunctions.init_params(
+            jax.random.key(5), 3, hidden=8, dtype=jnp.float64
+        )
         walkers = jax.random.normal(jax.random.key(6), (16, 3, 3), jnp.float64)
     return params, walkers
 
@@ -100,7 +104,7 @@ def test_loop_and_vmap_laplacians_match_the_package(case):
     ns = chapter()
     with jax.enable_x64(True):
         x = walkers[0].reshape(-1)
-        f = lambda v: slater.mlp_log_psi(params, v.reshape(3, 3))  # noqa: E731
+        f = lambda v: wavefunctions.mlp_log_psi(params, v.reshape(3, 3))  # noqa: E731
         for name, method in [("loop_laplacian", "loop"), ("vmap_laplacian", "vmap")]:
             g, lap = jax.jit(lambda v, fn=ns[name]: fn(f, v))(x)
             g_ref, lap_ref = L.grad_and_laplacian(f, x, method=method)
@@ -130,7 +134,7 @@ def test_row_formula_matches_the_package(case):
     params, walkers = case
     ns = chapter()
     with jax.enable_x64(True):
-        orbitals = functools.partial(slater.mlp_orbitals, params)
+        orbitals = functools.partial(wavefunctions.mlp_orbitals, params)
         mine = ns["orbital_derivatives"](orbitals, walkers[0])
         theirs = slater.orbital_derivatives(orbitals, walkers[0])
         assert rel(mine, theirs) < RTOL
@@ -147,8 +151,12 @@ def test_energy_and_gradient_match_the_package(case, estimator):
     fn = ns[f"{estimator}_energy_and_grad"]
     with jax.enable_x64(True):
         mine = jax.jit(fn)(params, walkers)
-        theirs = slater.energy_and_grad(
-            slater.mlp_log_psi, params, walkers, method="loop", estimator=estimator
+        theirs = vmc.energy_and_grad(
+            wavefunctions.mlp_log_psi,
+            params,
+            walkers,
+            method="loop",
+            estimator=estimator,
         )
         assert rel(mine, theirs) < RTOL
 
@@ -170,8 +178,8 @@ def test_sharded_step_matches_one_device_and_the_package(case):
     with jax.enable_x64(True):
         mine = step(params, walkers)
         one = jax.jit(ns["vmc_energy_and_grad"])(params, walkers)
-        theirs = slater.sharded_energy_and_grad(
-            slater.mlp_log_psi, params, walkers, mesh, method="loop"
+        theirs = vmc.sharded_energy_and_grad(
+            wavefunctions.mlp_log_psi, params, walkers, mesh, method="loop"
         )
         assert rel(mine, one) < RTOL
         assert rel(mine, theirs) < RTOL
@@ -184,7 +192,7 @@ def test_the_cast_basis_alone_still_fails_in_shard_map(case):
     mesh = runtime.demo_mesh(8, "data")
 
     def kinetic(x):
-        f = lambda v: slater.mlp_log_psi(params, v.reshape(x.shape))  # noqa: E731
+        f = lambda v: wavefunctions.mlp_log_psi(params, v.reshape(x.shape))  # noqa: E731
         g, lap = ns["loop_laplacian_cast_basis"](f, x.reshape(-1))
         return lap + g @ g
 

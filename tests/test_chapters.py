@@ -72,6 +72,21 @@ def test_code_lines_fit_the_page(source):
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
+def test_chapters_that_draw_select_the_inline_backend(source):
+    """A kernel's default matplotlib backend depends on the ipykernel and matplotlib
+    releases (on the floor set it is not inline, and a figure shows as the text
+    ``<Figure size ...>``), so every chapter that draws selects it."""
+    code = [c.source for c in jupytext.read(source).cells if c.cell_type == "code"]
+    draws = any("matplotlib" in c or "beyondgrad.figures" in c for c in code)
+    if draws:
+        assert any(
+            line.strip() == "%matplotlib inline"
+            for c in code
+            for line in c.splitlines()
+        ), f"{source.name} draws figures: add '%matplotlib inline' to its import cell"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
 def test_error_cells_raise_the_named_class(source):
     nb = executed_notebook(
         source

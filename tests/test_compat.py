@@ -181,3 +181,42 @@ def test_jit_cache_size_counts_traces_and_rejects_plain_functions():
 def test_backends_initialized_after_a_computation():
     jnp.ones(1).block_until_ready()
     assert compat.backends_initialized() is True
+
+
+def test_folx_sparse_forward_laplacian_of_a_slogdet():
+    """Chapter 5's folx calls (dense and sparsity_threshold=6) on a 4-electron
+    log|det| against trace(hessian), float64. folx 0.2.20-0.2.23 raise a broadcasting
+    ValueError in the sparse path on JAX 0.8.2, hence pyproject's folx>=0.2.24.
+    Measured |error| / |reference| (dense, sparse): 2.9e-11, 3.3e-11 on JAX 0.8.2
+    (folx 0.2.24); 5.4e-11, 3.2e-11 on 0.12.0.1 (folx 0.2.30); 2e-10 is 4x the worst."""
+    import folx
+    import jax
+    import jax.numpy as jnp
+
+    def f(x):
+        r = x.reshape(4, 3)
+        w = jnp.arange(12.0).reshape(3, 4) / 10
+        orbitals = jnp.tanh(r @ w) * jnp.exp(-jnp.sum(r**2, axis=1, keepdims=True))
+        return jnp.linalg.slogdet(orbitals)[1]
+
+    with jax.enable_x64(True):
+        x = jnp.linspace(-1.0, 1.0, 12)
+        reference = float(jnp.trace(jax.hessian(f)(x)))
+        dense = float(jax.jit(folx.forward_laplacian(f))(x).laplacian)
+        sparse_fn = folx.forward_laplacian(f, sparsity_threshold=6)
+        sparse = float(jax.jit(sparse_fn)(x).laplacian)
+    for got in (dense, sparse):
+        assert abs(got - reference) <= 2e-10 * abs(reference), (got, reference)
+
+
+def test_custom_root_integer_aux_probe_as_the_drift_record_says():
+    """compat's feature probe agrees with the drift record on every JAX: the probe
+    custom_root_int_aux raises a TypeError up to 0.11.1 and returns from 0.11.2
+    (an unrecorded release is held to the newest recorded one before it)."""
+    import drift_record
+
+    recorded = drift_record.expected("custom_root_int_aux")
+    assert recorded.kind in ("returns", "raises"), recorded
+    if recorded.kind == "raises":
+        assert recorded.exc_class == "TypeError", recorded
+    assert compat.custom_root_integer_aux_ok() is (recorded.kind == "returns")

@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 
 from beyondgrad import exercises as ex
-from beyondgrad import runtime, slater
+from beyondgrad import runtime, wavefunctions
 from beyondgrad.exercises import ch5
 
 runtime.ensure_cpu_devices(8)
@@ -265,7 +265,7 @@ def test_row_bad_inputs_each_get_their_message(answer, expected):
 
 
 def _kinetic(p, x, *, cast=True):
-    f = lambda v: slater.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
+    f = lambda v: wavefunctions.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
     g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
     eye = jnp.eye(g.shape[0], dtype=g.dtype)
     if cast:
@@ -287,7 +287,7 @@ def loop_step(params, walkers):
     """A second method (loop over the basis), written independently."""
 
     def kinetic(p, x):
-        f = lambda v: slater.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
+        f = lambda v: wavefunctions.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
         g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
         eye = lax.pcast(jnp.eye(g.shape[0], dtype=g.dtype), "data", to="varying")
         body = lambda i, acc: acc + hvp(eye[i])[i]  # noqa: E731

@@ -66,3 +66,115 @@ def test_import_from_a_plain_checkout_reports_the_pyproject_floor():
     out = _run(code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == floor
+
+
+def test_floor_pins_every_direct_dependency_at_its_lower_bound():
+    import dev
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    direct = [*project["dependencies"], *project["optional-dependencies"]["chapters"]]
+    pins = dev.floor_pins()
+    assert len(pins) == len(direct) + 1  # and jaxlib, at jax's floor
+    for dep, pin in zip(direct, pins, strict=False):
+        name, bound = dep.split(">=")
+        assert pin == f"{name}=={bound}"
+    assert pins[-1] == f"jaxlib=={dev.jax_floor()}"
+    assert set(dev.dependency_names()) >= {"jax", "jaxlib", "numpy", "folx"}
+
+
+def test_floor_environment_has_the_lowest_allowed_versions():
+    """Under `dev.py --jax floor test` (CI's floor run): what is installed is the floor."""
+    import os
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if os.environ.get("BEYONDGRAD_JAX") != "floor":
+        import pytest
+
+        pytest.skip(
+            "not the floor environment (dev.py --jax floor sets BEYONDGRAD_JAX)"
+        )
+    import dev
+
+    for pin in dev.floor_pins():
+        name, want = pin.split("==")
+        assert Version(version(name)) == Version(want), (name, version(name), want)
+
+
+def test_api_page_lists_every_public_name():
+    """api.md (the book's API reference) has an entry for every name in every module's
+    __all__, and is what tools/api.py generates (run `python3 -m tools.api`)."""
+    import importlib
+    import re
+
+    from tools import api
+
+    page = (ROOT / "api.md").read_text()
+    modules = api.public_modules()
+    assert {
+        "beyondgrad.sharding",
+        "beyondgrad.linear",
+        "beyondgrad.slater",
+        "beyondgrad.vmc",
+    } <= set(modules)
+    missing = []
+    for module in modules:
+        section = page.split(f"## `{module}`\n", 1)
+        assert len(section) == 2, f"api.md has no section for {module}"
+        body = section[1].split("\n## `", 1)[0]
+        for name in importlib.import_module(module).__all__:
+            entry = re.search(
+                rf"^\.\. (auto\w+|py:data):: {re.escape(name)}$", body, re.M
+            )
+            if entry is None or f"`~{module}.{name}`" not in body:
+                missing.append(f"{module}.{name}")
+    assert not missing, f"not on api.md: {missing}; run python3 -m tools.api"
+    assert api.render() == page, "api.md is out of date: run python3 -m tools.api"
+
+
+def test_every_mutant_of_the_mutation_check_still_applies(tmp_path):
+    """tools/mutate.py: each deliberate bug's text is in its file exactly once (a stale
+    mutant would be reported, not run: update it when the code moves)."""
+    import shutil
+
+    from tools import mutate
+
+    shutil.copytree(mutate.PACKAGE, tmp_path / "beyondgrad")
+    stale = {m.id: mutate.apply(m, tmp_path) for m in mutate.MUTANTS}
+    assert {k: v for k, v in stale.items() if v is not None} == {}
+    assert len({m.id for m in mutate.MUTANTS}) == len(mutate.MUTANTS) >= 15
+
+
+def test_names_used_finds_a_chapters_helpers_and_nothing_else():
+    """The chapter → API links (tools.api.names_used, used by _ext/book_ext.py)."""
+    from tools import api
+
+    text = (
+        "from beyondgrad import drift, tracers as tr\n"
+        "from beyondgrad.exercises import ch1 as ex1\n"
+        "tr.format_table(rows)\n"
+        "x = drift.table(['p']); drift.table([])\n"
+        "tr.not_a_public_name(1)\n"  # not in tracers.__all__
+        "other.format_table\n"  # not a beyondgrad alias
+        "ex1.check_fix_jit(f)\n"
+    )
+    assert api.names_used(text) == [
+        "beyondgrad.tracers.format_table",
+        "beyondgrad.drift.table",
+        "beyondgrad.exercises.ch1.check_fix_jit",
+    ]
+    assert api.names_used("import jax\njax.grad(f)\n") == []
+
+
+def test_every_chapter_links_only_names_on_the_api_page():
+    from tools import api
+
+    page = (ROOT / "api.md").read_text()
+    for chapter in sorted((ROOT / "chapters").glob("*.md")):
+        used = api.names_used(chapter.read_text())
+        assert used, f"{chapter.name} calls no beyondgrad helper?"
+        for dotted in used:
+            module, name = dotted.rsplit(".", 1)
+            assert f"{{py:obj}}`~{dotted}`" in page, f"{chapter.name}: {dotted}"
+            assert name in api.static_public_names(module)

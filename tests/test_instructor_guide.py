@@ -157,10 +157,10 @@ def _row_second_derivative_wrong_sign(a, i, u):
 def _sharded_kinetic(
     params, walkers, *, cast_basis=True, varying_init=True, pmean_grad=False
 ):
-    from beyondgrad import slater
+    from beyondgrad import wavefunctions
 
     def kinetic(p, x):
-        f = lambda v: slater.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
+        f = lambda v: wavefunctions.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
         g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
         eye = jnp.eye(g.shape[0], dtype=g.dtype)
         if cast_basis:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from beyondgrad import compat, runtime, slater
+from beyondgrad import compat, runtime, slater, vmc, wavefunctions
 from beyondgrad import laplacian as L
 
 EXACT = ("hessian", "loop", "vmap", "folx")
@@ -43,13 +43,13 @@ FUNCTIONS = [quadratic, sin_product, logsumexp, small_mlp]
 
 # float32 parameters made once, eagerly (inside a trace, jit may round them differently)
 SLATER_PARAMS = jax.tree.map(
-    np.asarray, slater.init_params(jax.random.key(3), 3, hidden=8)
+    np.asarray, wavefunctions.init_params(jax.random.key(3), 3, hidden=8)
 )
 
 
 def slater_fn(x, *, n=3):
     params = jax.tree.map(lambda a: jnp.asarray(a, x.dtype), SLATER_PARAMS)
-    return slater.mlp_log_psi(params, x.reshape(n, 3))
+    return wavefunctions.mlp_log_psi(params, x.reshape(n, 3))
 
 
 @pytest.fixture(scope="module")
@@ -222,10 +222,10 @@ def test_kinetic_energy_matches_definition():
 def test_slater_laplacian_matches_hessian_and_grad():
     with jax.enable_x64(True):
         for n in (1, 4):
-            params = slater.init_params(
+            params = wavefunctions.init_params(
                 jax.random.key(n), n, hidden=6, dtype=jnp.float64
             )
-            orb = functools.partial(slater.mlp_orbitals, params)
+            orb = functools.partial(wavefunctions.mlp_orbitals, params)
             pos = jax.random.normal(jax.random.key(10 + n), (n, 3), jnp.float64)
             flat = lambda v, orb=orb, n=n: slater.slater_log_psi(orb, v.reshape(n, 3))  # noqa: E731
             logabs, grad, lap = jax.jit(
@@ -273,7 +273,7 @@ def test_potential_energy_by_hand():
     pos = jnp.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
     want = 0.5 * 4.0 * (1.0 + 4.0) + 1.0 + 0.5 + 1.0 / np.sqrt(5.0)
     np.testing.assert_allclose(
-        float(slater.potential_energy(pos, omega=2.0)), want, rtol=1e-6
+        float(vmc.potential_energy(pos, omega=2.0)), want, rtol=1e-6
     )
 
 
@@ -284,22 +284,24 @@ def _walkers(b, n, dtype):
 def test_energy_and_grad_vmc_estimator_by_hand():
     with jax.enable_x64(True):
         n = 3
-        params = slater.init_params(jax.random.key(0), n, hidden=6, dtype=jnp.float64)
+        params = wavefunctions.init_params(
+            jax.random.key(0), n, hidden=6, dtype=jnp.float64
+        )
         walkers = _walkers(8, n, jnp.float64)
-        energy, grad = slater.energy_and_grad(
-            slater.mlp_log_psi, params, walkers, method="loop"
+        energy, grad = vmc.energy_and_grad(
+            wavefunctions.mlp_log_psi, params, walkers, method="loop"
         )
         e_l = jax.jit(
             jax.vmap(
-                lambda w: slater.local_energy(
-                    slater.mlp_log_psi, params, w, method="hessian"
+                lambda w: vmc.local_energy(
+                    wavefunctions.mlp_log_psi, params, w, method="hessian"
                 )
             )
         )(walkers)
         np.testing.assert_allclose(float(energy), float(jnp.mean(e_l)), rtol=1e-10)
-        grads = jax.jit(jax.vmap(jax.grad(slater.mlp_log_psi), in_axes=(None, 0)))(
-            params, walkers
-        )
+        grads = jax.jit(
+            jax.vmap(jax.grad(wavefunctions.mlp_log_psi), in_axes=(None, 0))
+        )(params, walkers)
         per_walker = [jax.tree.map(lambda a, i=i: a[i], grads) for i in range(8)]
         want = jax.tree.map(
             lambda *gs: 2 * sum((e - jnp.mean(e_l)) * g for e, g in zip(e_l, gs)) / 8,
@@ -310,15 +312,19 @@ def test_energy_and_grad_vmc_estimator_by_hand():
                 np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-10
             )
         # the direct estimator differentiates the mean local energy: check one entry by differences
-        _, direct = slater.energy_and_grad(
-            slater.mlp_log_psi, params, walkers, method="vmap", estimator="direct"
+        _, direct = vmc.energy_and_grad(
+            wavefunctions.mlp_log_psi,
+            params,
+            walkers,
+            method="vmap",
+            estimator="direct",
         )
         eps = 1e-6
 
         def mean_e(b2):
             p = dict(params, b2=b2)
-            return slater.energy_and_grad(
-                slater.mlp_log_psi, p, walkers, method="hessian"
+            return vmc.energy_and_grad(
+                wavefunctions.mlp_log_psi, p, walkers, method="hessian"
             )[0]
 
         bump = jnp.zeros(n).at[1].set(eps)
@@ -331,13 +337,19 @@ def test_energy_and_grad_vmc_estimator_by_hand():
 def test_sharded_matches_single_device(mesh, method, estimator):
     with jax.enable_x64(True):
         n = 3
-        params = slater.init_params(jax.random.key(1), n, hidden=6, dtype=jnp.float64)
-        walkers = _walkers(8, n, jnp.float64)
-        e1, g1 = slater.energy_and_grad(
-            slater.mlp_log_psi, params, walkers, method=method, estimator=estimator
+        params = wavefunctions.init_params(
+            jax.random.key(1), n, hidden=6, dtype=jnp.float64
         )
-        e2, g2 = slater.sharded_energy_and_grad(
-            slater.mlp_log_psi,
+        walkers = _walkers(8, n, jnp.float64)
+        e1, g1 = vmc.energy_and_grad(
+            wavefunctions.mlp_log_psi,
+            params,
+            walkers,
+            method=method,
+            estimator=estimator,
+        )
+        e2, g2 = vmc.sharded_energy_and_grad(
+            wavefunctions.mlp_log_psi,
             params,
             walkers,
             mesh,
@@ -408,7 +420,7 @@ def test_folx_method_is_folx_alone_without_a_gradient_pass(f):
 
 
 def test_walker_keys_differ_and_follow_the_global_index():
-    keys = slater.walker_keys(jax.random.key(0), 4, first=2)
+    keys = vmc.walker_keys(jax.random.key(0), 4, first=2)
     data = np.asarray(jax.random.key_data(keys))
     assert len({tuple(row) for row in data}) == 4
     want = np.asarray(jax.random.key_data(jax.random.fold_in(jax.random.key(0), 5)))
@@ -421,30 +433,32 @@ def test_hutchinson_noise_averages_down_with_the_batch():
     # it would stay the error of one walker (about s), whatever B.
     with jax.enable_x64(True):
         n, batch = 2, 1024
-        params = slater.init_params(jax.random.key(3), n, hidden=4, dtype=jnp.float64)
+        params = wavefunctions.init_params(
+            jax.random.key(3), n, hidden=4, dtype=jnp.float64
+        )
         x = jax.random.normal(jax.random.key(4), (n, 3), jnp.float64)
         walkers = jnp.broadcast_to(x, (batch, n, 3))
         key = jax.random.key(11)
         exact = float(
-            slater.local_energy(slater.mlp_log_psi, params, x, method="hessian")
+            vmc.local_energy(wavefunctions.mlp_log_psi, params, x, method="hessian")
         )
-        mean, _ = slater.energy_and_grad(
-            slater.mlp_log_psi, params, walkers, method="hutchinson", key=key
+        mean, _ = vmc.energy_and_grad(
+            wavefunctions.mlp_log_psi, params, walkers, method="hutchinson", key=key
         )
         per_walker = jax.jit(
             jax.vmap(
-                lambda k: slater.local_energy(
-                    slater.mlp_log_psi, params, x, method="hutchinson", key=k
+                lambda k: vmc.local_energy(
+                    wavefunctions.mlp_log_psi, params, x, method="hutchinson", key=k
                 )
             )
-        )(slater.walker_keys(key, batch))
+        )(vmc.walker_keys(key, batch))
         s = float(jnp.std(per_walker))
         assert s > 1e-3 * abs(exact)  # the estimates do differ between walkers
         np.testing.assert_allclose(float(mean), float(jnp.mean(per_walker)), rtol=1e-12)
         assert abs(float(mean) - exact) < 4 * s / np.sqrt(batch)  # 4 standard errors
         shared = float(
-            slater.local_energy(
-                slater.mlp_log_psi, params, x, method="hutchinson", key=key
+            vmc.local_energy(
+                wavefunctions.mlp_log_psi, params, x, method="hutchinson", key=key
             )
         )
         assert shared != pytest.approx(
@@ -457,19 +471,23 @@ def test_hutchinson_noise_averages_down_with_the_batch():
 
 def test_compiled_steps_do_not_keep_the_wavefunction_alive():
     with jax.enable_x64(True):
-        params = slater.init_params(jax.random.key(0), 2, hidden=4, dtype=jnp.float64)
-        log_psi = functools.partial(slater.mlp_log_psi)  # a fresh callable object
+        params = wavefunctions.init_params(
+            jax.random.key(0), 2, hidden=4, dtype=jnp.float64
+        )
+        log_psi = functools.partial(
+            wavefunctions.mlp_log_psi
+        )  # a fresh callable object
         walkers = _walkers(4, 2, jnp.float64)
-        before = len(slater._PROGRAMS)
-        slater.energy_and_grad(log_psi, params, walkers)
-        assert len(slater._PROGRAMS) == before + 1
+        before = len(vmc._PROGRAMS)
+        vmc.energy_and_grad(log_psi, params, walkers)
+        assert len(vmc._PROGRAMS) == before + 1
         dead = weakref.ref(log_psi)
         del log_psi
         gc.collect()
         assert dead() is None, (
             "the cache kept the wavefunction (and its compiled programs) alive"
         )
-        assert len(slater._PROGRAMS) == before
+        assert len(vmc._PROGRAMS) == before
 
 
 class EqualByValue:
@@ -482,23 +500,25 @@ class EqualByValue:
         return isinstance(other, EqualByValue) and other.scale == self.scale
 
     def __call__(self, params, x):
-        return self.scale * slater.mlp_log_psi(params, x)
+        return self.scale * wavefunctions.mlp_log_psi(params, x)
 
 
 def test_unhashable_callables_work_and_are_compiled_once():
     with pytest.raises(TypeError):
         hash(EqualByValue(1.0))
     with jax.enable_x64(True):
-        params = slater.init_params(jax.random.key(0), 2, hidden=4, dtype=jnp.float64)
+        params = wavefunctions.init_params(
+            jax.random.key(0), 2, hidden=4, dtype=jnp.float64
+        )
         walkers = _walkers(4, 2, jnp.float64)
         fn = EqualByValue(1.0)
-        e1, _ = slater.energy_and_grad(fn, params, walkers)
-        e2, _ = slater.energy_and_grad(slater.mlp_log_psi, params, walkers)
+        e1, _ = vmc.energy_and_grad(fn, params, walkers)
+        e2, _ = vmc.energy_and_grad(wavefunctions.mlp_log_psi, params, walkers)
         np.testing.assert_allclose(float(e1), float(e2), rtol=1e-12)
-        programs = dict(slater._PROGRAMS._entries[id(fn)][1])
-        slater.energy_and_grad(fn, params, walkers)
-        assert slater._PROGRAMS._entries[id(fn)][1] == programs  # reused, not rebuilt
-        out, _ = slater.sample_walkers(
+        programs = dict(vmc._PROGRAMS._entries[id(fn)][1])
+        vmc.energy_and_grad(fn, params, walkers)
+        assert vmc._PROGRAMS._entries[id(fn)][1] == programs  # reused, not rebuilt
+        out, _ = vmc.sample_walkers(
             fn, params, walkers, jax.random.key(0), steps=2, step_size=0.1
         )
         assert out.shape == walkers.shape
@@ -512,7 +532,9 @@ def test_unhashable_callables_work_and_are_compiled_once():
 def test_sharded_step_with_jax_make_mesh_and_plain_arrays(axis_type, method):
     with jax.enable_x64(True):
         n = 3
-        params = slater.init_params(jax.random.key(1), n, hidden=6, dtype=jnp.float64)
+        params = wavefunctions.init_params(
+            jax.random.key(1), n, hidden=6, dtype=jnp.float64
+        )
         walkers = np.asarray(_walkers(8, n, jnp.float64))  # plain, unsharded
         if axis_type == "default":
             import warnings
@@ -526,11 +548,11 @@ def test_sharded_step_with_jax_make_mesh_and_plain_arrays(axis_type, method):
                 (4,), ("data",), axis_types=(kind,), devices=jax.devices()[:4]
             )
         key = jax.random.key(2)
-        e1, g1 = slater.energy_and_grad(
-            slater.mlp_log_psi, params, walkers, method=method, key=key
+        e1, g1 = vmc.energy_and_grad(
+            wavefunctions.mlp_log_psi, params, walkers, method=method, key=key
         )
-        e2, g2 = slater.sharded_energy_and_grad(
-            slater.mlp_log_psi, params, walkers, mesh, method=method, key=key
+        e2, g2 = vmc.sharded_energy_and_grad(
+            wavefunctions.mlp_log_psi, params, walkers, mesh, method=method, key=key
         )
         # the same walkers get the same probes: sharded == one device up to summation order
         np.testing.assert_allclose(float(e2), float(e1), rtol=1e-12)
@@ -643,7 +665,7 @@ def _ferminet_like(positions):  # orbitals of all electrons at once: (n, 3) -> (
 
 
 ORB4 = lambda r: jnp.concatenate([jnp.ones(1), r])  # noqa: E731  4 orbitals
-P2 = slater.init_params(jax.random.key(0), 2, hidden=4)
+P2 = wavefunctions.init_params(jax.random.key(0), 2, hidden=4)
 W4 = jnp.zeros((4, 2, 3))
 
 SLATER_BAD_INPUT = [
@@ -691,110 +713,117 @@ SLATER_BAD_INPUT = [
     ),
     (
         "init_params n=0",
-        lambda m: slater.init_params(KEY, 0),
+        lambda m: wavefunctions.init_params(KEY, 0),
         ValueError,
         "n_electrons must be a positive int",
     ),
     (
         "init_params hidden=0",
-        lambda m: slater.init_params(KEY, 2, hidden=0),
+        lambda m: wavefunctions.init_params(KEY, 2, hidden=0),
         ValueError,
         "hidden must be a positive int",
     ),
     (
         "mlp params for other n",
-        lambda m: slater.mlp_slater_laplacian(P2, jnp.ones((3, 3))),
+        lambda m: wavefunctions.mlp_slater_laplacian(P2, jnp.ones((3, 3))),
         ValueError,
         r"params\['w2'\] must have shape \(4, 3\) for 3 electrons",
     ),
     (
         "potential (n, 2)",
-        lambda m: slater.potential_energy(jnp.ones((3, 2))),
+        lambda m: vmc.potential_energy(jnp.ones((3, 2))),
         ValueError,
         r"positions must have shape \(n, 3\)",
     ),
     (
         "walkers 2-D",
-        lambda m: slater.energy_and_grad(slater.mlp_log_psi, P2, jnp.ones((4, 6))),
+        lambda m: vmc.energy_and_grad(wavefunctions.mlp_log_psi, P2, jnp.ones((4, 6))),
         ValueError,
         r"walkers must have shape \(batch, n, 3\)",
     ),
     (
         "estimator",
-        lambda m: slater.energy_and_grad(slater.mlp_log_psi, P2, W4, estimator="mean"),
+        lambda m: vmc.energy_and_grad(
+            wavefunctions.mlp_log_psi, P2, W4, estimator="mean"
+        ),
         ValueError,
         "estimator must be",
     ),
     (
         "method",
-        lambda m: slater.energy_and_grad(slater.mlp_log_psi, P2, W4, method="jet"),
+        lambda m: vmc.energy_and_grad(wavefunctions.mlp_log_psi, P2, W4, method="jet"),
         ValueError,
         "unknown Laplacian method",
     ),
     (
         "hutchinson without key",
-        lambda m: slater.energy_and_grad(
-            slater.mlp_log_psi, P2, W4, method="hutchinson"
+        lambda m: vmc.energy_and_grad(
+            wavefunctions.mlp_log_psi, P2, W4, method="hutchinson"
         ),
         ValueError,
         "needs a PRNG key",
     ),
     (
         "log_psi not callable",
-        lambda m: slater.energy_and_grad(P2, P2, W4),
+        lambda m: vmc.energy_and_grad(P2, P2, W4),
         TypeError,
         "log_psi must be a function",
     ),
     (
         "omega a string",
-        lambda m: slater.energy_and_grad(slater.mlp_log_psi, P2, W4, omega="1"),
+        lambda m: vmc.energy_and_grad(wavefunctions.mlp_log_psi, P2, W4, omega="1"),
         TypeError,
         "omega must be a Python number",
     ),
     (
         "mesh a dict",
-        lambda m: slater.sharded_energy_and_grad(
-            slater.mlp_log_psi, P2, W4, {"data": 4}
+        lambda m: vmc.sharded_energy_and_grad(
+            wavefunctions.mlp_log_psi, P2, W4, {"data": 4}
         ),
         TypeError,
         r"mesh must be a jax.sharding.Mesh.*jax.make_mesh",
     ),
     (
         "batch not divisible",
-        lambda m: slater.sharded_energy_and_grad(
-            slater.mlp_log_psi, P2, jnp.ones((6, 2, 3)), m
+        lambda m: vmc.sharded_energy_and_grad(
+            wavefunctions.mlp_log_psi, P2, jnp.ones((6, 2, 3)), m
         ),
         ValueError,
         "must be divisible",
     ),
     (
         "axis not in mesh",
-        lambda m: slater.sharded_energy_and_grad(
-            slater.mlp_log_psi, P2, W4, m, axis_name="batch"
+        lambda m: vmc.sharded_energy_and_grad(
+            wavefunctions.mlp_log_psi, P2, W4, m, axis_name="batch"
         ),
         ValueError,
         "not an axis of the mesh",
     ),
     (
         "steps=0",
-        lambda m: slater.sample_walkers(
-            slater.mlp_log_psi, P2, W4, KEY, steps=0, step_size=0.1
+        lambda m: vmc.sample_walkers(
+            wavefunctions.mlp_log_psi, P2, W4, KEY, steps=0, step_size=0.1
         ),
         ValueError,
         "steps must be a positive int",
     ),
     (
         "step_size<0",
-        lambda m: slater.sample_walkers(
-            slater.mlp_log_psi, P2, W4, KEY, steps=1, step_size=-1.0
+        lambda m: vmc.sample_walkers(
+            wavefunctions.mlp_log_psi, P2, W4, KEY, steps=1, step_size=-1.0
         ),
         ValueError,
         "step_size must be a positive number",
     ),
     (
         "integer walkers",
-        lambda m: slater.sample_walkers(
-            slater.mlp_log_psi, P2, W4.astype(jnp.int32), KEY, steps=1, step_size=0.1
+        lambda m: vmc.sample_walkers(
+            wavefunctions.mlp_log_psi,
+            P2,
+            W4.astype(jnp.int32),
+            KEY,
+            steps=1,
+            step_size=0.1,
         ),
         TypeError,
         "floating-point",

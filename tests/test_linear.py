@@ -4,12 +4,13 @@ independent references: jax.vjp, jax.jacrev, float64 finite differences, pinned 
 import inspect
 from types import SimpleNamespace
 
+import drift_record
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondgrad import compat, linear
+from beyondgrad import compat, drift, linear
 from beyondgrad import exercises as ex
 from beyondgrad.figures import ch2 as fig2
 
@@ -413,23 +414,39 @@ def test_bad_input_gets_a_clear_error(call, exc, text):
 
 # ------------------------------------------------------------- tracer names, pinned
 
-#: What jax.grad hands the function, measured on both ends of the supported range:
-#: (default, option on, option off). 0.8.2 still obeys the option; 0.12 ignores it.
-TRACER_NAMES = {
-    (0, 8, 2): ("LinearizeTracer", "LinearizeTracer", "JVPTracer"),
-    (0, 12, 0): ("LinearizeTracer", "LinearizeTracer", "LinearizeTracer"),
-}
+
+def _recorded_tracer_names() -> tuple[str, str, str]:
+    """(default, option on, option off) for this JAX, from the drift record: probes
+    ch2_tracer_classes ("grad=X, ...") and ch2_direct_linearize_option ("present:
+    on=X, off=Y"); 0.10.2 is the first recorded release that ignores the option."""
+    classes = drift_record.expected("ch2_tracer_classes").value
+    default = dict(p.split("=") for p in classes.split(", "))["grad"]
+    option = drift_record.expected("ch2_direct_linearize_option").value
+    assert option.startswith("present: "), option
+    names = dict(p.split("=") for p in option.removeprefix("present: ").split(", "))
+    return default, names["on"], names["off"]
 
 
-def test_grad_tracer_name_pinned_per_version():
-    version = compat.jax_version()
-    if version not in TRACER_NAMES:
-        pytest.skip(f"tracer names not pinned for JAX {version}; measure and add them")
-    default, on, off = TRACER_NAMES[version]
+def test_grad_tracer_name_as_the_drift_record_says():
+    """Runs on every JAX: an unrecorded version is held to the newest recorded one
+    before it (tests/drift_record.py), so a change fails here instead of skipping."""
+    default, on, off = _recorded_tracer_names()
     assert linear.grad_tracer_name() == default
     assert linear.grad_tracer_name(True) == on
     assert linear.grad_tracer_name(False) == off
     assert compat.direct_linearize_option() is True  # restored
+
+
+def test_drift_record_expectation_for_an_unrecorded_version():
+    """A version after the last recorded one is held to the last recorded row."""
+    last = drift.versions()[-1]
+    parts = [int(p) for p in last.split(".")[:3]]
+    later = f"{parts[0]}.{parts[1] + 1}.0rc1.dev20270101"
+    assert drift_record.recorded_version(later) == last
+    assert drift_record.recorded_version("0.8.2") == "0.8.2"
+    assert drift_record.expected("ch2_direct_linearize_option", "0.8.2").value == (
+        "present: on=LinearizeTracer, off=JVPTracer"
+    )
 
 
 def test_direct_linearize_option_absent(monkeypatch):

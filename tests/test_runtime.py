@@ -190,3 +190,19 @@ def test_drift_check_text_when_nothing_differs():
 def test_check_my_jax_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         runtime.check_my_jax(**kwargs)
+
+
+def test_time_calls_reports_the_time_per_call():
+    """A 2 ms sleep timed with min_time=20 ms (about 10 calls per sample): each sample
+    is the time of one call, not of the loop (sleep overshoots, never undershoots)."""
+    import time as _time
+
+    from beyondgrad import measure
+
+    def nap():
+        _time.sleep(0.002)
+        return 0
+
+    (t,) = measure.time_calls([(nap, ())], repeats=3, min_time=0.02)
+    assert len(t.samples) == 3
+    assert 0.002 <= t.min <= t.median < 0.010, t  # the loop would be >= 0.02

@@ -60,6 +60,7 @@ def test_ci_workflow_runs_the_readme_commands_in_both_environments():
     for command in readme_commands():
         assert command in lines, f"ci.yml does not run {command!r}"
     assert "python3 dev.py lint" in lines
+    assert "python3 dev.py typecheck" in lines
 
 
 def test_publish_workflow_builds_main_and_deploys_the_html():
@@ -91,6 +92,7 @@ def test_ci_script_runs_lint_and_both_environments():
         r'^step "[^"]+" run_env "\$(py31\d)" (\S+) (\w+) (\w+)$', text, re.M
     )
     assert ("py312", ".venv-py312", "newest", "lint") in steps
+    assert ("py312", ".venv-py312", "newest", "typecheck") in steps
     for env in (("py312", ".venv-py312", "newest"), ("py311", ".venv-floor", "floor")):
         for command in ("book", "test"):
             assert (*env, command) in steps, f".ci/run lacks {env[2]} {command}"
@@ -138,7 +140,7 @@ def test_newest_is_upgraded_on_ci(monkeypatch, ci, jax, upgraded):
     calls = _calls(monkeypatch)
     assert dev.main(["--jax", jax, "setup"]) == 0
     pip_upgrades = [
-        c for c in calls if c[1:4] == ["-m", "pip", "install"] and "-U" in c
+        c for c in calls if c[1:3] == ["pip", "install"] and "--upgrade" in c
     ]
     if upgraded:
         assert pip_upgrades and set(dev.UPGRADED) <= set(pip_upgrades[0])

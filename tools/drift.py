@@ -5,7 +5,7 @@
     python3 dev.py drift --probes ID,ID --force   # re-run these cells
 
 One virtual environment per version in ``.venv-drift/<version>`` (ignored by git),
-created on demand with the Python that version needs (pyenv) and reused. An existing
+created on demand by uv with the Python that version needs (pyenv) and reused. An existing
 environment that already holds exactly that JAX may be reused read-only instead
 (``BEYONDGRAD_DRIFT_REUSE=dir1:dir2``, plus this checkout's ``.venv*``): nothing is
 installed into it. Each probe runs in a fresh process (see beyondgrad.drift.child);
@@ -125,8 +125,51 @@ def interpreter(python: str) -> tuple[str | None, str]:
     return exe, ""
 
 
+def uv() -> str:
+    """uv (https://docs.astral.sh/uv/): the one on PATH, else installed once with pip
+    into ``.venv-drift/_uv`` (this runner needs only Python)."""
+    found = shutil.which("uv")
+    if found:
+        return found
+    tool = ENVS / "_uv"
+    exe = tool / "bin" / "uv"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(tool)], check=True)
+        pip = [str(tool / "bin" / "python"), "-m", "pip", "install", "-q"]
+        subprocess.run([*pip, "--disable-pip-version-check", "uv"], check=True)
+    return str(exe)
+
+
+def _uv_install(py: Path, *reqs: str) -> subprocess.CompletedProcess:
+    cmd = [uv(), "pip", "install", "--quiet", "--python", str(py), *reqs]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _why_not(version: str, python: str, err: str) -> str:
+    """One line from uv's resolver message."""
+    needs = re.search(
+        rf"jax=={re.escape(version)} depends on Python([<>=!~][^\s,]+)", err
+    )
+    if needs:
+        return (
+            f"jax {version} needs Python {needs.group(1)}, not {python}: "
+            f"ask for {version}@<newer python>"
+        )
+    if (
+        f"no version of jax=={version}" in err
+        or f"no version of jaxlib=={version}" in err
+    ):
+        return f"the package index has no jax=={version} (for Python {python})"
+    lines = [line.strip() for line in err.strip().splitlines() if line.strip()]
+    return f"uv failed for jax=={version}: {(lines or [''])[-1][:200]}"
+
+
 def ensure_env(version: str, python: str) -> tuple[Path | None, str]:
-    """The venv's python for this version (created if needed), or None and why not."""
+    """The venv's python for this version (created if needed), or None and why not.
+
+    uv creates the venv with the interpreter that version needs (pyenv or PATH) and
+    installs jax/jaxlib, then the newest folx that keeps that JAX.
+    """
     env = ENVS / version
     if (env / ".drift-ready").exists():
         return env / "bin" / "python", f"{env.relative_to(ROOT)}"
@@ -139,41 +182,21 @@ def ensure_env(version: str, python: str) -> tuple[Path | None, str]:
     say(f"{version}: creating {env.relative_to(ROOT)} with Python {python} ...")
     t0 = time.perf_counter()
     shutil.rmtree(env, ignore_errors=True)
-    made = subprocess.run([exe, "-m", "venv", str(env)], capture_output=True, text=True)
+    made = subprocess.run(
+        [uv(), "venv", "--quiet", "--python", exe, str(env)],
+        capture_output=True,
+        text=True,
+    )
     if made.returncode != 0:
         tail = made.stderr.strip()[-200:]
         return None, f"cannot create a venv with Python {python}: {tail}"
     py = env / "bin" / "python"
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    got = subprocess.run(
-        [*pip, f"jax=={version}", f"jaxlib=={version}"], capture_output=True, text=True
-    )
+    got = _uv_install(py, f"jax=={version}", f"jaxlib=={version}")
     if got.returncode != 0:
         shutil.rmtree(env, ignore_errors=True)
-        err = got.stderr
-        needs = re.search(
-            rf"(?<![\d.]){re.escape(version)} Requires-Python ([^;\n]+)", err
-        )
-        if needs:
-            return None, (
-                f"jax {version} needs Python {needs.group(1).strip()}, not {python}: "
-                f"ask for {version}@<newer python>"
-            )
-        if "No matching distribution" in err or "Could not find a version" in err:
-            return (
-                None,
-                f"the package index has no jax=={version} (for Python {python})",
-            )
-        return (
-            None,
-            f"pip failed for jax=={version}: {err.strip().splitlines()[-1][:200]}",
-        )
+        return None, _why_not(version, python, got.stderr)
     # folx is optional: the newest folx that installs without changing this JAX.
-    folx = subprocess.run(
-        [*pip, "folx", f"jax=={version}", f"jaxlib=={version}"],
-        capture_output=True,
-        text=True,
-    )
+    folx = _uv_install(py, "folx", f"jax=={version}", f"jaxlib=={version}")
     note = (
         ""
         if folx.returncode == 0
@@ -226,12 +249,12 @@ def ensure_folx_old(py: Path, version: str) -> Path | None:
     shutil.rmtree(target, ignore_errors=True)
     got = subprocess.run(
         [
-            str(py),
-            "-m",
+            uv(),
             "pip",
             "install",
-            "-q",
-            "--disable-pip-version-check",
+            "--quiet",
+            "--python",
+            str(py),
             "--no-deps",
             "--target",
             str(target),

@@ -1,9 +1,11 @@
 """Helpers for the Beyond grad book.
 
 The ideas, one module each: ``tracers`` (Chapter 1), ``linear`` (2), ``implicit`` (3),
-``sharding`` (4), ``laplacian`` and ``slater`` (5). Around them: ``runtime`` (devices,
-meshes, versions), ``compat`` (the one place that knows JAX's version differences and
-private APIs) and ``measure`` (timing and memory). The teaching apparatus lives apart:
+``sharding`` (4), and for Chapter 5 ``laplacian`` (methods for the Laplacian),
+``forward_laplacian`` (the interpreter), ``slater`` (determinants and the row formula),
+``wavefunctions`` (a ready-made model) and ``vmc`` (energies, walkers, gradients).
+Around them: ``runtime`` (devices, meshes, versions), ``compat`` (the one place that
+knows JAX's version differences and private APIs) and ``measure`` (timing and memory). The teaching apparatus lives apart:
 ``exercises`` (checkers, one module per chapter) and ``figures`` (plots and widget
 callbacks). Import the module you need: ``from beyondgrad import runtime``. Importing
 any of them starts no JAX backend.

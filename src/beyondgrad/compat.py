@@ -436,7 +436,8 @@ def _custom_root_float_aux(
 def jaxpr_atom_value(atom: Any, env: dict[Any, Any]) -> Any:
     """The value of a jaxpr input ``atom``: a literal's constant, or ``env[atom]`` for a variable.
 
-    Used by :mod:`beyondgrad.slater`'s forward-Laplacian interpreter (Chapter 5);
+    Used by the forward-Laplacian interpreter (:mod:`beyondgrad.forward_laplacian`,
+    Chapter 5);
     ``jax.extend.core.Literal`` is public from 0.8.2 to the newest JAX.
     """
     from jax.extend.core import Literal

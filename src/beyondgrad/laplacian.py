@@ -23,7 +23,7 @@ number (the last one in expectation):
     the unbiased stochastic estimate :math:`\\frac1S\\sum_s v_s^\\top H v_s` with
     Rademacher probes :math:`v_s` (:math:`E[v v^\\top] = I`). One key gives one set of
     probes: give each walker (and each shard) its own key, e.g. with
-    ``jax.random.fold_in`` (as :mod:`beyondgrad.slater` does), or their noise does not
+    ``jax.random.fold_in`` (as :mod:`beyondgrad.vmc` does), or their noise does not
     average out over the batch.
 
 Every method works under ``jit``, ``vmap``, ``grad`` with respect to closed-over
@@ -32,8 +32,10 @@ parameters, and inside ``shard_map`` with ``check_vma=True``: the internal const
 axes of ``x`` (:func:`beyondgrad.compat.pcast_varying`), which is what the seed of the
 chapter (jax-ml/jax#33947) was missing.
 
-Determinant wavefunctions, their structured Laplacian and VMC energies are in
-:mod:`beyondgrad.slater` (which imports this module; this module imports nothing from it).
+Determinants and their structured Laplacian are in :mod:`beyondgrad.slater`, the
+forward-Laplacian interpreter in :mod:`beyondgrad.forward_laplacian`, wavefunction
+models in :mod:`beyondgrad.wavefunctions` and VMC energies in :mod:`beyondgrad.vmc`
+(they import this module; this module imports nothing from them).
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def _check_num_samples(num_samples: object) -> None:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
 
 
-def _check_key(key: object, method: str) -> None:
+def _check_key(key: object, method: str) -> jax.Array:
     if key is None:
         raise ValueError(
             f"method={method!r} needs a PRNG key: pass key=jax.random.key(0) "
@@ -112,6 +114,7 @@ def _check_key(key: object, method: str) -> None:
         raise TypeError(
             f"key must be a JAX PRNG key (jax.random.key(0)), got {type(key).__name__}"
         )
+    return key
 
 
 def _check_input(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
@@ -186,7 +189,7 @@ def grad_and_laplacian(
         return g, lax.fori_loop(0, x.shape[0], body, jnp.zeros_like(g[0]))
     if method == "vmap":
         return g, jnp.trace(jax.vmap(hvp)(basis(x)))
-    probes = hutchinson_probes(key, x, num_samples)
+    probes = hutchinson_probes(_check_key(key, method), x, num_samples)
     return g, jnp.mean(jnp.sum(jax.vmap(hvp)(probes) * probes, axis=-1))
 
 

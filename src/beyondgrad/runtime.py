@@ -44,7 +44,15 @@ def glue(name: str, value: object, display: bool = True) -> None:
 
     The built book reads glued values from the executed notebook; where myst-nb is not
     installed (Colab) the value is printed instead, so the reader still sees the number.
+    Raises ``TypeError``/``ValueError`` when ``name`` is not a non-empty str.
     """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"glue name must be a str such as 'speedup' (the prose cites it as "
+            f"{{glue}}`speedup`), got {type(name).__name__}: {name!r}"
+        )
+    if not name.strip():
+        raise ValueError("glue name must be a non-empty str such as 'speedup'")
     try:
         from myst_nb import glue as myst_glue
     except ImportError:

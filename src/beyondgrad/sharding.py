@@ -506,7 +506,16 @@ def data_parallel_value_and_grad(
         if not leaves:
             raise ValueError("batch has no arrays to split")
         for leaf in leaves:
-            validate_spec(mesh, P(axis), np.shape(leaf), what=f"batch spec P({axis!r})")
+            validate_spec(mesh, P(axis), np.shape(leaf), what="batch")
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+            dtype = jnp.result_type(leaf)
+            if not jnp.issubdtype(dtype, jnp.inexact):
+                raise TypeError(
+                    f"params{jax.tree_util.keystr(path)} has dtype {dtype}; "
+                    "data_parallel_value_and_grad differentiates params, which must "
+                    "be floating-point: pass e.g. jnp.asarray(params, jnp.float32) "
+                    "(or close over integer parameters in loss_fn)"
+                )
         n = {np.shape(leaf)[0] for leaf in leaves}
         if len(n) != 1:
             raise ValueError(

@@ -42,6 +42,7 @@ __all__ = [
     "probe",
     "probe_ids",
     "results_path",
+    "segments",
     "table",
     "version_key",
     "versions",
@@ -204,7 +205,8 @@ def _cell(o: Outcome | None) -> str:
     if o is None:
         return "not run"
     if o.kind == "returns":
-        text = f"✓ `{o.value}`" if len(o.value) <= 40 else "✓ returns"
+        short = o.value if len(o.value) <= 40 else o.value[:39] + "…"
+        text = f"✓ `{short}`"
     elif o.kind == "raises":
         text = f"✗ `{o.exc_class.rsplit('.', 1)[-1]}`"
     else:
@@ -212,16 +214,53 @@ def _cell(o: Outcome | None) -> str:
     return text.replace("|", "\\|")
 
 
+def segments(probe_id: str) -> list[tuple[str, str, Outcome | None]]:
+    """Runs of consecutive recorded versions with the same behaviour.
+
+    Each run is ``(first, last, outcome)``; two versions are in one run when their
+    outcomes have the same kind, value and exception class (``same_behaviour`` with
+    ``exact=False``: messages and line numbers move between releases), or when
+    neither was run. ``outcome`` is the run's newest outcome. Every recorded version
+    is in exactly one run, so the runs are the whole row, with the boundaries where
+    behaviour changed.
+    """
+    _check_probe(probe_id)
+    runs: list[tuple[str, str, Outcome | None]] = []
+    for v in versions():
+        o = outcome(probe_id, v)
+        if runs:
+            first, _, prev = runs[-1]
+            same = (prev is None and o is None) or (
+                prev is not None
+                and o is not None
+                and prev.same_behaviour(o, exact=False)
+            )
+            if same:
+                runs[-1] = (first, v, o)
+                continue
+        runs.append((v, v, o))
+    return runs
+
+
+def _releases(first: str, last: str) -> str:
+    return first if first == last else f"{first} – {last}"
+
+
 def table(probe_ids: Iterable[str] | None = None) -> str:
-    """A Markdown table, probes × recorded versions, one short outcome per cell."""
+    """A Markdown table of where behaviour changed: one row per run of versions.
+
+    Columns: probe, releases (first – last recorded version of the run), outcome.
+    Rows of one probe follow each other, oldest run first. The table is narrow
+    whatever the number of recorded versions (the runs, not the versions, are rows).
+    """
     if isinstance(probe_ids, str):
         raise TypeError(
             "probe_ids must be a list of ids, not one str; wrap it: [probe_id]"
         )
     ids = list(PROBES) if probe_ids is None else [_check_probe(p) for p in probe_ids]
-    vs = versions()
-    lines = ["| probe | " + " | ".join(vs) + " |", "|---|" + "---|" * len(vs)]
+    lines = ["| probe | JAX releases | outcome |", "|---|---|---|"]
     for pid in ids:
-        cells = [_cell(outcome(pid, v)) for v in vs]
-        lines.append(f"| `{pid}` | " + " | ".join(cells) + " |")
+        for i, (first, last, o) in enumerate(segments(pid)):
+            name = f"`{pid}`" if i == 0 else ""
+            lines.append(f"| {name} | {_releases(first, last)} | {_cell(o)} |")
     return "\n".join(lines)

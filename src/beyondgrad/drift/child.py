@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Any
 
 DEVICES = 8
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
@@ -141,7 +142,8 @@ class _Running:
                 fh.write(data)
             os._exit(0)
         os.close(w)
-        self.fd, self.chunks = r, []
+        self.fd = r
+        self.chunks: list[bytes] = []
 
     def read(self) -> bool:
         """Read what is available; True at end of output."""
@@ -154,7 +156,7 @@ class _Running:
         if timed_out:
             os.kill(self.pid, signal.SIGKILL)
         _, status = os.waitpid(self.pid, 0)
-        crash = {**_EMPTY, "kind": "crash"}
+        crash: dict[str, Any] = {**_EMPTY, "kind": "crash"}
         if timed_out:
             out = {**crash, "message": f"timeout after {self.timeout:g} s"}
         elif os.WIFSIGNALED(status):
@@ -177,7 +179,8 @@ class _Running:
 
 def run_probes(ids: list[str], timeout: float, jobs: int = 1):
     """Yield ``(id, outcome)`` for each probe, at most ``jobs`` forked children at once."""
-    pending, running = list(ids), {}
+    pending = list(ids)
+    running: dict[int, _Running] = {}
     while pending or running:
         while pending and len(running) < max(1, jobs):
             job = _Running(pending.pop(0), timeout)

@@ -2,7 +2,7 @@
 
 Each probe is a function of no arguments that imports JAX itself, runs one behaviour
 and returns a short string (the value the chapter relies on) or lets the exception
-escape. The child runner (:mod:`beyondgrad.drift.child`) turns either into an outcome.
+escape. The child runner (``beyondgrad.drift.child``) turns either into an outcome.
 Probes run on every JAX from 0.6 to the newest, so API differences are guarded inside
 them (``jax.shard_map`` vs ``jax.experimental.shard_map``, ``check_vma`` vs
 ``check_rep``, ``lax.pcast`` vs ``lax.pvary``) and nothing here imports
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 __all__ = ["PROBES", "ChapterRef", "Probe", "probe_ids"]
 
@@ -101,7 +102,7 @@ def _shard_map(f, mesh, in_specs, out_specs, check: bool = True):
 
     import jax
 
-    sm = getattr(jax, "shard_map", None)
+    sm: Any = getattr(jax, "shard_map", None)
     if sm is None:
         from jax.experimental.shard_map import shard_map as sm
     params = inspect.signature(sm).parameters
@@ -119,18 +120,18 @@ def _cast_varying(x, axes: tuple[str, ...], required: bool = True):
     if hasattr(lax, "pcast"):
         return lax.pcast(x, axes, to="varying")
     if hasattr(lax, "pvary") or required:
-        return lax.pvary(x, axes)
+        return lax.pvary(x, axes)  # type: ignore[attr-defined]  # removed in 0.12
     return x
 
 
 def _typeof(x) -> str:
     import jax
 
-    typeof = getattr(jax, "typeof", None)
+    typeof: Any = getattr(jax, "typeof", None)
     if typeof is None:
         from jax._src import core
 
-        typeof = core.get_aval
+        typeof = core.get_aval  # type: ignore[attr-defined]  # before jax.typeof
     return str(typeof(x))
 
 
@@ -424,7 +425,7 @@ def ch2_tracer_classes() -> str:
     import jax.numpy as jnp
 
     def name(transform):
-        seen = []
+        seen: list[str] = []
 
         def g(z):
             seen.append(type(z).__name__)
@@ -605,7 +606,7 @@ def custom_root_int_aux() -> str:
         def solve(F, E0):
             go = lambda s: (jnp.abs(F(s[0])) > tol) & (s[1] < 100)
             E, k = lax.while_loop(go, lambda s: (s[0] - F(s[0]), s[1] + 1), (E0, 0))
-            return E, k.astype(jnp.int32)
+            return E, k.astype(jnp.int32)  # type: ignore[attr-defined]  # k traced
 
         return lax.custom_root(
             F, jnp.asarray(M, float), solve, lambda g, y: y / g(1.0), has_aux=True
@@ -651,7 +652,7 @@ def shard_map_omitted_in_specs() -> str:
     import jax
     import jax.numpy as jnp
 
-    sm = getattr(jax, "shard_map", None)
+    sm: Any = getattr(jax, "shard_map", None)
     if sm is None:
         from jax.experimental.shard_map import shard_map as sm
     out = sm(lambda a: 2 * a, mesh=_mesh(), out_specs=_P("data"))(jnp.arange(8.0))
@@ -750,7 +751,7 @@ def _cast_type(cast) -> str:
 def api_lax_pvary() -> str:
     from jax import lax
 
-    return _cast_type(lambda w: lax.pvary(w, ("data",)))
+    return _cast_type(lambda w: lax.pvary(w, ("data",)))  # type: ignore[attr-defined]
 
 
 @_probe(CH4, "4.5 Casting by hand", "lax.pcast(x, axes, to='varying') exists and casts")
@@ -806,7 +807,7 @@ def all_gather_to_values() -> str:
         return "no to= parameter"
     first_seen = {}
     for to in ("varying", "invarying", "invariant", "reduced"):
-        seen = []
+        seen: list[str] = []
 
         def body(a, to=to, seen=seen):
             g = lax.all_gather(a, "data", to=to)
@@ -855,7 +856,7 @@ def _jvp_hole(fn_name: str) -> str:
     import jax.numpy as jnp
     from jax import lax
 
-    fns = {
+    fns: dict[str, Callable[..., Any]] = {
         "lax.sin": lax.sin,
         "jit(lax.sin)": jax.jit(lax.sin),
         "lax.mul": lambda q: lax.mul(q, jnp.full_like(q, 2.0)),

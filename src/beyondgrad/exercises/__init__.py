@@ -216,7 +216,7 @@ def tree_mismatches(
             continue
         if not a_inexact:
             if not np.array_equal(a_np, r_np):
-                i = (
+                i: tuple[Any, ...] = (
                     np.unravel_index(int(np.argmax(a_np != r_np)), a_np.shape)
                     if a_np.ndim
                     else ()

@@ -365,7 +365,8 @@ def _bisect_magnitude(sign: float, nan_small: bool = True) -> float:
     the int32 view between 1e-38 (NaN next to 0) and 1.0 (finite) finds the last NaN
     magnitude exactly.
     """
-    lo, hi = np.float32(1e-38).view(np.int32), np.float32(1.0).view(np.int32)
+    lo = int(np.float32(1e-38).view(np.int32))
+    hi = int(np.float32(1.0).view(np.int32))
     if not _grad_bump_is_nan(sign * float(np.int32(lo).view(np.float32))):
         raise RuntimeError(
             "grad(bump) is finite next to 0: the exercise needs updating"
@@ -469,7 +470,7 @@ def check_finite_grad(
     wrong = exercises.mismatch_verdict(
         EX3,
         one,
-        np.float32(_bump_reference(np.float32(0.5))[0]),
+        np.float32(_bump_reference(np.asarray(0.5, np.float32))[0]),
         name="bump_safe(0.5)",
         allow_python_scalars=False,
         rtol=BUMP_RTOL,
@@ -481,17 +482,17 @@ def check_finite_grad(
     ref_value, ref_slope = _bump_reference(BUMP_GRID)
     xs = jnp.asarray(BUMP_GRID)
     value = exercises.call_answer(jax.vmap(answer), xs, what="vmap(bump_safe)")
-    if exercises.failed(value):
-        return exercises.verdict(EX3, [exercises.failed(value)], strict=strict)
+    value_failed = exercises.failed(value)
+    if value_failed:
+        return exercises.verdict(EX3, [value_failed], strict=strict)
     problems = exercises.tree_mismatches(
         value, ref_value, rtol=BUMP_RTOL, atol=BUMP_ATOL, name="value on the grid"
     )
     grad_fn = jax.jit(jax.vmap(jax.grad(answer)))
     slope = exercises.call_answer(grad_fn, xs, what="jit(vmap(grad(bump_safe)))")
-    if exercises.failed(slope):
-        return exercises.verdict(
-            EX3, [*problems, exercises.failed(slope)], strict=strict
-        )
+    slope_failed = exercises.failed(slope)
+    if slope_failed:
+        return exercises.verdict(EX3, [*problems, slope_failed], strict=strict)
     problems += exercises.tree_mismatches(
         slope, ref_slope, rtol=BUMP_RTOL, atol=BUMP_ATOL, name="gradient on the grid"
     )

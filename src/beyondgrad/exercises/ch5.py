@@ -296,9 +296,9 @@ def check_row_update_second_derivative(
 
 def _kinetic_problem() -> tuple[dict[str, jax.Array], jax.Array]:
     """Parameters and 16 walkers of 3 electrons, float64 (call under enable_x64)."""
-    from beyondgrad import slater
+    from beyondgrad import wavefunctions
 
-    params = slater.init_params(
+    params = wavefunctions.init_params(
         jax.random.key(0), ELECTRONS, hidden=8, dtype=jnp.float64
     )
     shape = (WALKERS_PER_DEVICE * SHARDED_DEVICES, ELECTRONS, 3)
@@ -310,17 +310,17 @@ def _kinetic_problem() -> tuple[dict[str, jax.Array], jax.Array]:
 def _kinetic_reference() -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Mean kinetic energy and its parameter gradient on one device, in float64.
 
-    The Laplacian is the hand-derived one (``slater.mlp_slater_laplacian``), which
+    The Laplacian is the hand-derived one (``wavefunctions.mlp_slater_laplacian``), which
     shares no code with the autodiff methods a student uses.
     """
-    from beyondgrad import slater
+    from beyondgrad import wavefunctions
 
     with jax.enable_x64(True):
         params, walkers = _kinetic_problem()
 
         def mean_kinetic(p: dict[str, jax.Array]) -> jax.Array:
             def kinetic(x: jax.Array) -> jax.Array:
-                _, grad, lap = slater.mlp_slater_laplacian(p, x)
+                _, grad, lap = wavefunctions.mlp_slater_laplacian(p, x)
                 return -0.5 * (lap + jnp.sum(grad * grad))
 
             return jnp.mean(jax.vmap(kinetic)(walkers))

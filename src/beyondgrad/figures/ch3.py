@@ -211,7 +211,7 @@ def benchmark_implicit_vs_unrolled(
         )
         times = [t.min for t in timings]
         mems = measure.temp_bytes(grad_imp, w), measure.temp_bytes(grad_unr, w)
-        rows.append(BenchmarkRow(n, *times, *mems))
+        rows.append(BenchmarkRow._make([n, *times, *mems]))
     return rows
 
 

@@ -339,10 +339,11 @@ def plot_benchmark(
         ax.set_title(family, fontsize=9)
         ax.set_xlabel("electrons n")
     axes[0].set_ylabel("time / one log|ψ|")
-    handles = {}  # every method once, also those missing from the last panel
+    # Every method once, also those missing from the last panel.
+    handles: dict[str, Any] = {}
     for ax in axes:
         for line in ax.get_lines():
-            handles.setdefault(line.get_label(), line)
+            handles.setdefault(str(line.get_label()), line)
     labels = sorted(handles)
     axes[-1].legend(
         [handles[k] for k in labels],

@@ -1,0 +1,520 @@
+"""What users get wrong, across the public functions: each case names the call, the
+exception class it must raise, and words the message must contain: the problem (the
+argument or the offending value) and what is expected instead.
+
+Cases marked ``xfail(strict=True)`` fail today because of modules under rewrite
+(slater, laplacian); when a fix lands, the strict xfail turns into a failure and the
+mark must go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from beyondgrad import (
+    compat,
+    drift,
+    implicit,
+    laplacian,
+    linear,
+    measure,
+    raises,
+    runtime,
+    sharding,
+    tracers,
+    vmc,
+    wavefunctions,
+)
+
+KEY = jax.random.key(0)
+X3 = jnp.ones(3)
+
+
+def _sq(x):
+    return jnp.sum(x**2)
+
+
+def _mse(w, batch):
+    return jnp.mean((batch[0] @ w - batch[1]) ** 2)
+
+
+def _fp(x, p):
+    return 0.5 * x + p
+
+
+def _mesh():
+    return runtime.demo_mesh(8, "data")
+
+
+def _batch(n=16):
+    return jnp.ones((n, 3)), jnp.ones(n)
+
+
+def _walk(key, walkers=None, **kw):
+    params = wavefunctions.init_params(KEY, 2, hidden=4)
+    walkers = jnp.zeros((8, 2, 3)) if walkers is None else walkers
+    opts = {"steps": 2, "step_size": 0.1, **kw}
+    return vmc.sample_walkers(wavefunctions.mlp_log_psi, params, walkers, key, **opts)
+
+
+def _energy(**kw):
+    params = wavefunctions.init_params(KEY, 2, hidden=4)
+    return vmc.local_energy(wavefunctions.mlp_log_psi, params, jnp.zeros((2, 3)), **kw)
+
+
+class Case(NamedTuple):
+    id: str
+    call: Callable[[], object]
+    exc: type[BaseException]
+    words: tuple[str, ...]  # each must appear in the message
+
+
+SLATER = "slater.py is being rewritten (engine engineer): key/count checks pending"
+LAPLACIAN = "laplacian.py is being rewritten (engine engineer): options check pending"
+
+CASES = [
+    # ---- keys
+    pytest.param(
+        Case(
+            "sample_walkers-key-int",
+            lambda: _walk(0),
+            TypeError,
+            ("key", "jax.random.key"),
+        ),
+        marks=pytest.mark.xfail(strict=True, reason=SLATER),
+    ),
+    pytest.param(
+        Case(
+            "sample_walkers-key-floats",
+            lambda: _walk(jnp.zeros(2)),
+            TypeError,
+            ("key", "jax.random.key"),
+        ),
+        marks=pytest.mark.xfail(strict=True, reason=SLATER),
+    ),
+    pytest.param(
+        Case(
+            "init_params-key-int",
+            lambda: wavefunctions.init_params(0, 2),
+            TypeError,
+            ("key", "jax.random.key"),
+        ),
+        marks=pytest.mark.xfail(strict=True, reason=SLATER),
+    ),
+    pytest.param(
+        Case(
+            "walker_keys-key-int",
+            lambda: vmc.walker_keys(1, 4),
+            TypeError,
+            ("key", "jax.random.key"),
+        ),
+        marks=pytest.mark.xfail(strict=True, reason=SLATER),
+    ),
+    Case(
+        "hutchinson_probes-key-int",
+        lambda: laplacian.hutchinson_probes(0, X3, 4),
+        TypeError,
+        ("key", "jax.random.key(0)", "int"),
+    ),
+    Case(
+        "dot_product_test-key-int",
+        lambda: linear.dot_product_test(lambda u: u, lambda v: v, X3, X3, 0),
+        TypeError,
+        ("key", "jax.random.key(0)", "int"),
+    ),
+    Case(
+        "laplacian-hutchinson-without-key",
+        lambda: laplacian.laplacian(_sq, X3, method="hutchinson"),
+        ValueError,
+        ("hutchinson", "needs a PRNG key", "key=jax.random.key(0)"),
+    ),
+    Case(
+        "local_energy-hutchinson-without-key",
+        lambda: _energy(method="hutchinson"),
+        ValueError,
+        ("hutchinson", "key=jax.random.key(0)"),
+    ),
+    # ---- dtypes
+    Case(
+        "data_parallel-int-params",
+        lambda: sharding.data_parallel_value_and_grad(_mse, _mesh())(
+            jnp.arange(3), _batch()
+        ),
+        TypeError,
+        ("params", "int32", "floating-point", "jnp.float32"),
+    ),
+    Case(
+        "data_parallel-python-int-params",
+        lambda: sharding.data_parallel_value_and_grad(_mse, _mesh())(3, _batch()),
+        TypeError,
+        ("params", "int", "floating-point"),
+    ),
+    Case(
+        "laplacian-int-x",
+        lambda: laplacian.laplacian(_sq, jnp.arange(3)),
+        TypeError,
+        ("x", "floating-point", "int32", "astype"),
+    ),
+    Case(
+        "vjp_from_linearize-int-primal",
+        lambda: linear.vjp_from_linearize(_sq, jnp.arange(3)),
+        TypeError,
+        ("primals[0]", "int32", "float", "astype"),
+    ),
+    Case(
+        "fixed_point-int-x0",
+        lambda: implicit.fixed_point(_fp, jnp.arange(3), X3),
+        TypeError,
+        ("x0", "int32", "float"),
+    ),
+    # ---- shapes
+    Case(
+        "sample_walkers-walkers-2d",
+        lambda: _walk(KEY, walkers=jnp.zeros((8, 6))),
+        ValueError,
+        ("walkers", "(batch, n, 3)", "(8, 6)"),
+    ),
+    Case(
+        "laplacian-x-2d",
+        lambda: laplacian.laplacian(_sq, jnp.ones((2, 3))),
+        ValueError,
+        ("1-D", "(2, 3)", "reshape(-1)"),
+    ),
+    Case(
+        "data_parallel-batch-not-divisible",
+        lambda: sharding.data_parallel_value_and_grad(_mse, _mesh())(
+            jnp.ones(3), _batch(12)
+        ),
+        ValueError,
+        ("batch", "size 12", "8 blocks", "not divisible by 8"),
+    ),
+    Case(
+        "validate_spec-rank",
+        lambda: sharding.validate_spec(_mesh(), P("data", None), (8,)),
+        ValueError,
+        ("2 entries", "rank 1", "at most 1"),
+    ),
+    Case(
+        "validate_spec-not-divisible",
+        lambda: sharding.validate_spec(_mesh(), P("data"), (12,)),
+        ValueError,
+        ("size 12", "not divisible by 8"),
+    ),
+    Case(
+        "demo_mesh-shape-names-mismatch",
+        lambda: runtime.demo_mesh((2, 2), ("a",)),
+        ValueError,
+        ("(2, 2)", "2 axes", "('a',)", "has 1"),
+    ),
+    Case(
+        "demo_mesh-more-devices-than-exist",
+        lambda: runtime.demo_mesh(64),
+        RuntimeError,
+        ("64 devices", "ensure_cpu_devices(64)"),
+    ),
+    # ---- counts
+    Case(
+        "sample_walkers-steps-0",
+        lambda: _walk(KEY, steps=0),
+        ValueError,
+        ("steps", "positive int", "0"),
+    ),
+    Case(
+        "sample_walkers-steps-float",
+        lambda: _walk(KEY, steps=2.5),
+        ValueError,
+        ("steps", "positive int", "2.5"),
+    ),
+    Case(
+        "sample_walkers-negative-step-size",
+        lambda: _walk(KEY, step_size=-1.0),
+        ValueError,
+        ("step_size", "positive", "-1.0"),
+    ),
+    Case(
+        "init_params-no-electrons",
+        lambda: wavefunctions.init_params(KEY, 0),
+        ValueError,
+        ("n_electrons", "positive int", "0"),
+    ),
+    pytest.param(
+        Case(
+            "walker_keys-count-0",
+            lambda: vmc.walker_keys(KEY, 0),
+            ValueError,
+            ("count", "positive", "0"),
+        ),
+        marks=pytest.mark.xfail(strict=True, reason=SLATER),
+    ),
+    Case(
+        "hutchinson_probes-no-samples",
+        lambda: laplacian.hutchinson_probes(KEY, X3, 0),
+        ValueError,
+        ("num_samples", "positive int", "0"),
+    ),
+    Case(
+        "ensure_cpu_devices-0",
+        lambda: runtime.ensure_cpu_devices(0),
+        ValueError,
+        ("n", ">= 1", "0"),
+    ),
+    Case(
+        "ensure_cpu_devices-str",
+        lambda: runtime.ensure_cpu_devices("8"),
+        TypeError,
+        ("n", "int", "str"),
+    ),
+    Case(
+        "demo_mesh-shape-0",
+        lambda: runtime.demo_mesh(0),
+        ValueError,
+        ("positive ints", "(0,)"),
+    ),
+    Case(
+        "measure-time_calls-repeats-0",
+        lambda: measure.time_calls([(_sq, (X3,))], repeats=0),
+        ValueError,
+        ("repeats", "int >= 1", "0"),
+    ),
+    Case(
+        "measure-time_call-repeats-bool",
+        lambda: measure.time_call(_sq, X3, repeats=True),
+        ValueError,
+        ("repeats", "int >= 1", "True"),
+    ),
+    Case(
+        "measure-time_calls-negative-min-time",
+        lambda: measure.time_calls([(_sq, (X3,))], min_time=-1.0),
+        ValueError,
+        ("min_time", ">= 0", "-1.0"),
+    ),
+    Case(
+        "measure-time_calls-empty",
+        lambda: measure.time_calls([]),
+        ValueError,
+        ("at least one", "(function, args)"),
+    ),
+    Case(
+        "measure-time_calls-not-a-pair",
+        lambda: measure.time_calls([_sq]),
+        TypeError,
+        ("calls[0]", "(function, args_tuple) pair"),
+    ),
+    Case(
+        "fixed_point-max-iter-0",
+        lambda: implicit.fixed_point(_fp, X3, X3, max_iter=0),
+        ValueError,
+        ("max_iter", "int >= 1", "0"),
+    ),
+    Case(
+        "fixed_point-negative-tol",
+        lambda: implicit.fixed_point(_fp, X3, X3, tol=-1.0),
+        ValueError,
+        ("tol", ">= 0", "-1.0"),
+    ),
+    Case(
+        "tracers-argnum-out-of-range",
+        lambda: tracers.inspect_transformations(_sq, X3, argnum=2),
+        ValueError,
+        ("argnum", "1 positional argument", "2"),
+    ),
+    Case(
+        "dot_product_test-rtol-0",
+        lambda: linear.dot_product_test(
+            lambda u: u, lambda v: v, X3, X3, KEY, linearity_rtol=0.0
+        ),
+        ValueError,
+        ("linearity_rtol", "> 0", "0.0"),
+    ),
+    # ---- option names and values
+    Case(
+        "laplacian-unknown-method",
+        lambda: laplacian.laplacian(_sq, X3, method="nope"),
+        ValueError,
+        ("'nope'", "'hessian'", "'hutchinson'"),
+    ),
+    pytest.param(
+        Case(
+            "laplacian-option-of-another-method",
+            lambda: laplacian.laplacian(_sq, X3, method="loop", num_samples=4),
+            ValueError,
+            ("num_samples", "hutchinson", "loop"),
+        ),
+        marks=pytest.mark.xfail(strict=True, reason=LAPLACIAN),
+    ),
+    Case(
+        "local_energy-unknown-method",
+        lambda: _energy(method="nope"),
+        ValueError,
+        ("'nope'", "'loop'", "'folx'"),
+    ),
+    Case(
+        "data_parallel-unknown-reduction",
+        lambda: sharding.data_parallel_value_and_grad(_mse, _mesh(), reduction="avg"),
+        ValueError,
+        ("reduction", "'mean' or 'sum'", "'avg'"),
+    ),
+    Case(
+        "data_parallel-axis-not-in-mesh",
+        lambda: sharding.data_parallel_value_and_grad(_mse, _mesh(), "model"),
+        ValueError,
+        ("'model'", "('data',)"),
+    ),
+    Case(
+        "data_parallel-mesh-is-a-dict",
+        lambda: sharding.data_parallel_value_and_grad(_mse, {"data": 8}),
+        TypeError,
+        ("mesh", "jax.sharding.Mesh", "dict"),
+    ),
+    Case(
+        "data_parallel-loss-not-callable",
+        lambda: sharding.data_parallel_value_and_grad(3, _mesh()),
+        TypeError,
+        ("loss_fn", "function", "int"),
+    ),
+    Case(
+        "validate_spec-string",
+        lambda: sharding.validate_spec(_mesh(), "data"),
+        TypeError,
+        ("PartitionSpec", "P('data')", "string"),
+    ),
+    Case(
+        "validate_spec-unknown-axis",
+        lambda: sharding.validate_spec(_mesh(), P("model")),
+        ValueError,
+        ("'model'", "not in the mesh", "('data',)"),
+    ),
+    Case(
+        "validate_spec-axis-twice",
+        lambda: sharding.validate_spec({"a": 2, "b": 2}, P("a", "a")),
+        ValueError,
+        ("'a' twice", "one dimension"),
+    ),
+    Case(
+        "explain_vma-in-specs-string",
+        lambda: sharding.explain_vma(lambda a: a, _mesh(), "data", jnp.ones(8)),
+        TypeError,
+        ("in_specs", "P('data')", "string"),
+    ),
+    Case(
+        "demo_mesh-names-twice",
+        lambda: runtime.demo_mesh((2, 2), ("a", "a")),
+        ValueError,
+        ("axis_names", "distinct", "('a', 'a')"),
+    ),
+    Case(
+        "demo_mesh-axis-types",
+        lambda: runtime.demo_mesh(2, axis_types="manual"),
+        ValueError,
+        ("axis_types", "'auto' or 'explicit'", "'manual'"),
+    ),
+    Case(
+        "compat-make_mesh-axis-types",
+        lambda: compat.make_mesh((2,), ("a",), axis_types="manual"),
+        ValueError,
+        ("axis_types", "'auto' or 'explicit'", "'manual'"),
+    ),
+    Case(
+        "compat-set_direct_linearize-str",
+        lambda: compat.set_direct_linearize("yes"),
+        TypeError,
+        ("True or False", "'yes'"),
+    ),
+    Case(
+        "glue-name-not-str",
+        lambda: runtime.glue(3, 1.0),
+        TypeError,
+        ("glue name", "str", "int"),
+    ),
+    Case(
+        "glue-name-empty",
+        lambda: runtime.glue("  ", 1.0),
+        ValueError,
+        ("glue name", "non-empty"),
+    ),
+    Case(
+        "fixed_point-unknown-tangent-solver",
+        lambda: implicit.fixed_point(_fp, X3, X3, tangent_solver="qr"),
+        ValueError,
+        ("tangent_solver", "'dense'", "'qr'"),
+    ),
+    Case(
+        "tracers-unknown-transformation",
+        lambda: tracers.transform(_sq, "jitt"),
+        ValueError,
+        ("'jitt'", "valid names", "jit(grad)"),
+    ),
+    Case(
+        "tracers-not-callable",
+        lambda: tracers.transform(3, "jit"),
+        TypeError,
+        ("fn", "callable", "int"),
+    ),
+    Case(
+        "linear-grad_tracer_name-str",
+        lambda: linear.grad_tracer_name("yes"),
+        TypeError,
+        ("use_direct_linearize", "None, True or False", "'yes'"),
+    ),
+    Case(
+        "drift-unknown-probe",
+        lambda: drift.outcome("nope", "0.8.2"),
+        ValueError,
+        ("'nope'", "drift.probe_ids()"),
+    ),
+    Case(
+        "drift-version-not-a-release",
+        lambda: drift.outcome(drift.probe_ids()[0], "latest"),
+        ValueError,
+        ("'latest'", "'0.8.2'"),
+    ),
+    Case(
+        "drift-unknown-kind",
+        lambda: drift.first_version(drift.probe_ids()[0], "ok"),
+        ValueError,
+        ("kind", "'returns'", "'ok'"),
+    ),
+    Case(
+        "drift-table-of-one-str",
+        lambda: drift.table("abc"),
+        TypeError,
+        ("probe_ids", "list", "[probe_id]"),
+    ),
+    Case(
+        "raises-expect_error-not-a-class",
+        lambda: raises.expect_error(3).__enter__(),
+        TypeError,
+        ("exception class", "TypeError", "3"),
+    ),
+    Case(
+        "raises-unknown-exception-name",
+        lambda: raises.resolve_exception("NoSuchError", {}),
+        ValueError,
+        ("'NoSuchError'", "import it first", "full dotted name"),
+    ),
+]
+
+
+def _id(param) -> str:
+    case = param.values[0] if hasattr(param, "values") else param
+    return case.id
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_bad_input_is_refused_with_a_clear_message(case: Case):
+    with pytest.raises(case.exc) as info:
+        case.call()
+    message = str(info.value)
+    missing = [w for w in case.words if w not in message]
+    assert not missing, f"message lacks {missing}: {message}"
+
+
+def test_the_table_is_large_and_ids_are_unique():
+    ids = [_id(c) for c in CASES]
+    assert len(ids) >= 40 and len(set(ids)) == len(ids)
