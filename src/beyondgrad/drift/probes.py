@@ -939,7 +939,7 @@ def _mesh_context(mesh):
 
     set_mesh = getattr(jax, "set_mesh", None)
     if set_mesh is None:
-        set_mesh = jax.sharding.use_mesh
+        set_mesh = jax.sharding.use_mesh  # type: ignore[attr-defined]  # removed
     return set_mesh(mesh)
 
 
@@ -1152,7 +1152,7 @@ def reduced_param_grad_type() -> str:
     import jax.numpy as jnp
     from jax import lax
 
-    seen = []
+    seen: list[str] = []
 
     def body(w, xb):
         wr = lax.pcast(w, "data", to="reduced")
@@ -1180,9 +1180,7 @@ def shard_map_out_specs_unreduced() -> str:
     from jax.sharding import NamedSharding
 
     mesh = _explicit_mesh((8,), ("data",))
-    X = jax.device_put(
-        jnp.arange(32.0).reshape(16, 2), NamedSharding(mesh, _P("data"))
-    )
+    X = jax.device_put(jnp.arange(32.0).reshape(16, 2), NamedSharding(mesh, _P("data")))
     spec = jax.sharding.PartitionSpec(None, unreduced={"data"})
 
     def body(xb):
