@@ -170,8 +170,13 @@ def _check_options(method: str, given: dict[str, object]) -> None:
     for option, value in given.items():
         owner = _OPTION_OF[option]
         if value is not None and owner != method:
+            shown = (
+                f"{option}={value!r}"
+                if isinstance(value, (int, float))
+                else f"{option} (a {type(value).__name__})"
+            )
             raise ValueError(
-                f"{option}={value!r} applies only to method={owner!r}, not to "
+                f"{shown} applies only to method={owner!r}, not to "
                 f"method={method!r}, which would ignore it: drop {option} or use "
                 f"method={owner!r}"
             )
