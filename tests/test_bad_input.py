@@ -2,13 +2,13 @@
 exception class it must raise, and words the message must contain: the problem (the
 argument or the offending value) and what is expected instead.
 
-Cases marked ``xfail(strict=True)`` fail today because of modules under rewrite
-(slater, laplacian); when a fix lands, the strict xfail turns into a failure and the
-mark must go.
+A case that cannot pass yet is marked ``xfail(strict=True)`` with the reason: when
+the fix lands, the strict xfail turns into a failure and the mark must go.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -27,6 +27,7 @@ from beyondgrad import (
     raises,
     runtime,
     sharding,
+    slater,
     tracers,
     vmc,
     wavefunctions,
@@ -68,6 +69,49 @@ def _energy(**kw):
     return vmc.local_energy(wavefunctions.mlp_log_psi, params, jnp.zeros((2, 3)), **kw)
 
 
+def _params(n=2, **kw):
+    return wavefunctions.init_params(KEY, n, hidden=4, **kw)
+
+
+def _walkers(batch=8, n=2):
+    grid = jnp.arange(batch * n * 3, dtype=jnp.float32).reshape(batch, n, 3)
+    return 0.3 * jnp.sin(grid)
+
+
+def _step(params=None, walkers=None, log_psi=None, **kw):
+    params = _params() if params is None else params
+    walkers = _walkers() if walkers is None else walkers
+    log_psi = wavefunctions.mlp_log_psi if log_psi is None else log_psi
+    return vmc.energy_and_grad(log_psi, params, walkers, **kw)
+
+
+def _sharded(walkers=None, mesh=None, **kw):
+    walkers = _walkers() if walkers is None else walkers
+    mesh = _mesh() if mesh is None else mesh
+    return vmc.sharded_energy_and_grad(
+        wavefunctions.mlp_log_psi, _params(), walkers, mesh, **kw
+    )
+
+
+def _pooling_orbitals(x):
+    """Written for (m, 3) positions, any m: pools over the electrons it is given."""
+    xs = x.reshape(-1, 3)
+    pooled = jnp.mean(jnp.tanh(xs @ jnp.ones((3, 4))), axis=0)
+    return jnp.tanh(pooled * jnp.arange(1.0, 5.0)) * jnp.exp(-jnp.mean(xs * xs))
+
+
+def _row_mixing_orbitals(x):
+    """(..., 3) -> (..., 4); every row reads the mean of all rows (FermiNet-like)."""
+    mean = jnp.mean(jnp.atleast_2d(x), axis=0)
+    h = jnp.tanh((x + mean) @ jnp.arange(12.0).reshape(3, 4) / 10)
+    return h * jnp.exp(-0.5 * jnp.sum(x * x, axis=-1, keepdims=True))
+
+
+def _slater(orbitals, positions=None):
+    positions = _walkers(1, 4)[0] if positions is None else positions
+    return slater.slater_laplacian(orbitals, positions)
+
+
 class Case(NamedTuple):
     id: str
     call: Callable[[], object]
@@ -75,46 +119,31 @@ class Case(NamedTuple):
     words: tuple[str, ...]  # each must appear in the message
 
 
-SLATER = "slater.py is being rewritten (engine engineer): key/count checks pending"
-LAPLACIAN = "laplacian.py is being rewritten (engine engineer): options check pending"
-
 CASES = [
     # ---- keys
-    pytest.param(
-        Case(
-            "sample_walkers-key-int",
-            lambda: _walk(0),
-            TypeError,
-            ("key", "jax.random.key"),
-        ),
-        marks=pytest.mark.xfail(strict=True, reason=SLATER),
+    Case(
+        "sample_walkers-key-int",
+        lambda: _walk(0),
+        TypeError,
+        ("key", "jax.random.key"),
     ),
-    pytest.param(
-        Case(
-            "sample_walkers-key-floats",
-            lambda: _walk(jnp.zeros(2)),
-            TypeError,
-            ("key", "jax.random.key"),
-        ),
-        marks=pytest.mark.xfail(strict=True, reason=SLATER),
+    Case(
+        "sample_walkers-key-floats",
+        lambda: _walk(jnp.zeros(2)),
+        TypeError,
+        ("key", "jax.random.key"),
     ),
-    pytest.param(
-        Case(
-            "init_params-key-int",
-            lambda: wavefunctions.init_params(0, 2),
-            TypeError,
-            ("key", "jax.random.key"),
-        ),
-        marks=pytest.mark.xfail(strict=True, reason=SLATER),
+    Case(
+        "init_params-key-int",
+        lambda: wavefunctions.init_params(0, 2),
+        TypeError,
+        ("key", "jax.random.key"),
     ),
-    pytest.param(
-        Case(
-            "walker_keys-key-int",
-            lambda: vmc.walker_keys(1, 4),
-            TypeError,
-            ("key", "jax.random.key"),
-        ),
-        marks=pytest.mark.xfail(strict=True, reason=SLATER),
+    Case(
+        "walker_keys-key-int",
+        lambda: vmc.walker_keys(1, 4),
+        TypeError,
+        ("key", "jax.random.key"),
     ),
     Case(
         "hutchinson_probes-key-int",
@@ -243,14 +272,11 @@ CASES = [
         ValueError,
         ("n_electrons", "positive int", "0"),
     ),
-    pytest.param(
-        Case(
-            "walker_keys-count-0",
-            lambda: vmc.walker_keys(KEY, 0),
-            ValueError,
-            ("count", "positive", "0"),
-        ),
-        marks=pytest.mark.xfail(strict=True, reason=SLATER),
+    Case(
+        "walker_keys-count-0",
+        lambda: vmc.walker_keys(KEY, 0),
+        ValueError,
+        ("count", "positive", "0"),
     ),
     Case(
         "hutchinson_probes-no-samples",
@@ -339,14 +365,11 @@ CASES = [
         ValueError,
         ("'nope'", "'hessian'", "'hutchinson'"),
     ),
-    pytest.param(
-        Case(
-            "laplacian-option-of-another-method",
-            lambda: laplacian.laplacian(_sq, X3, method="loop", num_samples=4),
-            ValueError,
-            ("num_samples", "hutchinson", "loop"),
-        ),
-        marks=pytest.mark.xfail(strict=True, reason=LAPLACIAN),
+    Case(
+        "laplacian-option-of-another-method",
+        lambda: laplacian.laplacian(_sq, X3, method="loop", num_samples=4),
+        ValueError,
+        ("num_samples", "hutchinson", "loop"),
     ),
     Case(
         "local_energy-unknown-method",
@@ -497,6 +520,285 @@ CASES = [
         lambda: raises.resolve_exception("NoSuchError", {}),
         ValueError,
         ("'NoSuchError'", "import it first", "full dotted name"),
+    ),
+    # ---- vmc, wavefunctions, slater: sizes that do not match
+    Case(
+        "energy_and_grad-params-for-4-walkers-of-3",
+        lambda: _step(params=_params(4), walkers=_walkers(8, 3)),
+        ValueError,
+        ("made for 4 electrons", "hold 3 electrons", "init_params(key, 3)"),
+    ),
+    Case(
+        "sample_walkers-params-for-4-walkers-of-3",
+        lambda: vmc.sample_walkers(
+            wavefunctions.mlp_log_psi,
+            _params(4),
+            _walkers(8, 3),
+            KEY,
+            steps=1,
+            step_size=0.1,
+        ),
+        ValueError,
+        ("made for 4 electrons", "hold 3 electrons"),
+    ),
+    Case(
+        "local_energy-params-for-2-positions-of-3",
+        lambda: vmc.local_energy(
+            wavefunctions.mlp_log_psi, _params(2), _walkers(1, 3)[0]
+        ),
+        ValueError,
+        ("made for 2 electrons", "hold 3 electrons", "shape (2, 3)"),
+    ),
+    Case(
+        "mlp_slater_laplacian-params-for-4-positions-of-3",
+        lambda: wavefunctions.mlp_slater_laplacian(_params(4), _walkers(1, 3)[0]),
+        ValueError,
+        ("made for 4 electrons", "hold 3 electrons"),
+    ),
+    Case(
+        "slater_matrix-5-orbitals-4-electrons",
+        lambda: slater.slater_matrix(
+            functools.partial(wavefunctions.mlp_orbitals, _params(5)),
+            _walkers(1, 4)[0],
+        ),
+        ValueError,
+        ("return 5 values", "hold 4 electrons", "one orbital per electron"),
+    ),
+    Case(
+        "energy_and_grad-one-configuration-not-a-batch",
+        lambda: _step(walkers=_walkers(1, 2)[0]),
+        ValueError,
+        ("walkers", "(batch, n, 3)", "(2, 3)", "walkers[None]"),
+    ),
+    Case(
+        "energy_and_grad-no-walkers",
+        lambda: _step(walkers=jnp.zeros((0, 2, 3))),
+        ValueError,
+        ("at least one walker", "(0, 2, 3)"),
+    ),
+    Case(
+        "energy_and_grad-log_psi-not-scalar",
+        lambda: _step(log_psi=lambda p, x: jnp.sum(x, axis=1) * p["b2"][0]),
+        ValueError,
+        ("scalar log|psi|", "(2, 3)", "got (2,)"),
+    ),
+    Case(
+        "sample_walkers-log_psi-batched",
+        lambda: vmc.sample_walkers(
+            lambda p, x: jnp.sum(x, axis=-1),
+            _params(),
+            _walkers(),
+            KEY,
+            steps=1,
+            step_size=0.1,
+        ),
+        ValueError,
+        ("scalar log|psi|", "got (2,)", "batch over walkers"),
+    ),
+    Case(
+        "potential_energy-positions-2-columns",
+        lambda: vmc.potential_energy(jnp.ones((2, 2))),
+        ValueError,
+        ("positions", "(n, 3)", "(2, 2)"),
+    ),
+    Case(
+        "mlp_orbitals-r-of-2-coordinates",
+        lambda: wavefunctions.mlp_orbitals(_params(), jnp.ones((4, 2))),
+        ValueError,
+        ("r", "(..., 3)", "(4, 2)"),
+    ),
+    Case(
+        "mlp_log_psi-params-missing-keys",
+        lambda: wavefunctions.mlp_log_psi({"w1": jnp.ones((3, 4))}, jnp.ones((2, 3))),
+        ValueError,
+        ("init_params", "keys", "['w1']"),
+    ),
+    Case(
+        "row_formula-mismatched-shapes",
+        lambda: slater.row_formula(jnp.eye(3), jnp.zeros((3, 3)), jnp.zeros((3, 3))),
+        ValueError,
+        ("(n, n), (n, n, 3), (n, n)", "(3, 3)"),
+    ),
+    # ---- slater: orbitals that are not single-particle, or not real
+    Case(
+        "slater_laplacian-complex-orbitals",
+        lambda: _slater(lambda r: jnp.exp(1j * r[0]) * jnp.arange(1.0, 5.0)),
+        TypeError,
+        ("complex", "complex64", "real orbitals only"),
+    ),
+    Case(
+        "slater_laplacian-integer-orbitals",
+        lambda: _slater(lambda r: jnp.arange(4)),
+        TypeError,
+        ("floating-point", "int32"),
+    ),
+    Case(
+        "slater_laplacian-orbitals-pool-over-electrons",
+        lambda: _slater(_pooling_orbitals),
+        ValueError,
+        ("pool over all the electrons", "laplacian.grad_and_laplacian", "loop"),
+    ),
+    Case(
+        "slater_laplacian-rows-read-all-electrons",
+        lambda: _slater(_row_mixing_orbitals),
+        ValueError,
+        (
+            "read all electrons",
+            "row i is not orbitals(position i)",
+            "forward_laplacian",
+        ),
+    ),
+    Case(
+        "slater_laplacian-orbitals-for-(n,3)-only",
+        lambda: _slater(lambda x: x.reshape(4, 3) @ jnp.ones((3, 4))),
+        ValueError,
+        ("failed on one electron's position of shape (3,)", "single-particle"),
+    ),
+    Case(
+        "slater_laplacian-orbitals-not-callable",
+        lambda: _slater(jnp.ones(4)),
+        TypeError,
+        ("orbitals", "function r (3,) -> (n,)"),
+    ),
+    Case(
+        "slater_laplacian-int-positions",
+        lambda: _slater(jnp.sin, jnp.ones((4, 3), jnp.int32)),
+        TypeError,
+        ("positions", "floating-point", "int32", "astype"),
+    ),
+    # ---- vmc, wavefunctions: keys, dtypes, counts and options
+    Case(
+        "energy_and_grad-int-params",
+        lambda: _step(params=jax.tree.map(lambda a: a.astype(jnp.int32), _params())),
+        TypeError,
+        ("params['b1']", "int32", "floating-point"),
+    ),
+    Case(
+        "energy_and_grad-log_psi-complex",
+        lambda: _step(log_psi=lambda p, x: jnp.sum(x) * (1 + 1j) * p["b2"][0]),
+        TypeError,
+        ("real floating-point", "complex64", "jnp.abs"),
+    ),
+    Case(
+        "energy_and_grad-log_psi-not-callable",
+        lambda: _step(log_psi={"w1": 1}),
+        TypeError,
+        ("log_psi", "function", "dict"),
+    ),
+    Case(
+        "energy_and_grad-key-given-to-loop",
+        lambda: _step(method="loop", key=KEY),
+        ValueError,
+        ("key", "method='hutchinson'", "method='loop'"),
+    ),
+    Case(
+        "energy_and_grad-hutchinson-key-int",
+        lambda: _step(method="hutchinson", key=3),
+        TypeError,
+        ("key", "jax.random.key(0)", "int 3"),
+    ),
+    Case(
+        "energy_and_grad-unknown-estimator",
+        lambda: _step(estimator="exact"),
+        ValueError,
+        ("estimator", "'vmc' or 'direct'", "'exact'"),
+    ),
+    Case(
+        "sample_walkers-int-walkers",
+        lambda: _walk(KEY, walkers=jnp.zeros((8, 2, 3), jnp.int32)),
+        TypeError,
+        ("walkers", "floating-point", "int32", "astype"),
+    ),
+    Case(
+        "walker_keys-count-float",
+        lambda: vmc.walker_keys(KEY, 2.5),
+        ValueError,
+        ("count", "positive int", "2.5"),
+    ),
+    Case(
+        "potential_energy-omega-str",
+        lambda: vmc.potential_energy(jnp.ones((2, 3)), omega="1"),
+        TypeError,
+        ("omega", "Python number", "str"),
+    ),
+    Case(
+        "sharded-mesh-is-a-dict",
+        lambda: _sharded(mesh={"data": 8}),
+        TypeError,
+        ("mesh", "jax.sharding.Mesh", "dict"),
+    ),
+    Case(
+        "sharded-walkers-not-divisible",
+        lambda: _sharded(walkers=_walkers(6)),
+        ValueError,
+        ("number of walkers (6)", "divisible", "'data' (8)"),
+    ),
+    Case(
+        "sharded-axis-not-in-mesh",
+        lambda: _sharded(axis_name="model"),
+        ValueError,
+        ("'model'", "not an axis", "('data',)"),
+    ),
+    Case(
+        "init_params-int-dtype",
+        lambda: wavefunctions.init_params(KEY, 2, dtype=jnp.int32),
+        TypeError,
+        ("dtype", "floating-point", "int32"),
+    ),
+    Case(
+        "init_params-hidden-0",
+        lambda: wavefunctions.init_params(KEY, 2, hidden=0),
+        ValueError,
+        ("hidden", "positive int", "0"),
+    ),
+    # ---- laplacian: options of another method, bad keys and shapes
+    Case(
+        "laplacian-key-given-to-loop",
+        lambda: laplacian.laplacian(_sq, X3, method="loop", key=KEY),
+        ValueError,
+        ("key", "method='hutchinson'", "method='loop'"),
+    ),
+    Case(
+        "laplacian-sparsity-given-to-vmap",
+        lambda: laplacian.laplacian(_sq, X3, method="vmap", sparsity_threshold=2),
+        ValueError,
+        ("sparsity_threshold", "method='folx'", "method='vmap'"),
+    ),
+    Case(
+        "laplacian-folx-negative-sparsity",
+        lambda: laplacian.laplacian(_sq, X3, method="folx", sparsity_threshold=-1),
+        ValueError,
+        ("sparsity_threshold", ">= 0", "-1"),
+    ),
+    Case(
+        "laplacian-hutchinson-key-floats",
+        lambda: laplacian.laplacian(_sq, X3, method="hutchinson", key=jnp.zeros(2)),
+        TypeError,
+        ("key", "jax.random.key(0)", "float32"),
+    ),
+    Case(
+        "laplacian-f-not-scalar",
+        lambda: laplacian.laplacian(jnp.sin, X3),
+        ValueError,
+        ("scalar", "(3,)"),
+    ),
+    Case(
+        "laplacian-check_method-not-a-str",
+        lambda: laplacian.check_method(None),
+        ValueError,
+        ("unknown Laplacian method None", "'loop'", "'folx'"),
+    ),
+    Case(
+        "kinetic_energy-int-x",
+        lambda: laplacian.kinetic_energy(_sq, jnp.ones((2, 3), jnp.int32)),
+        TypeError,
+        ("x", "floating-point", "int32"),
+    ),
+    Case(
+        "hutchinson_probes-x-2d",
+        lambda: laplacian.hutchinson_probes(KEY, jnp.ones((2, 3)), 4),
+        ValueError,
+        ("1-D", "(2, 3)", "reshape(-1)"),
     ),
 ]
 

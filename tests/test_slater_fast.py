@@ -1,4 +1,5 @@
-"""Tests for wavefunctions.mlp_slater_laplacian (analytic orbital derivatives) and vmc.sample_walkers."""
+"""Tests for wavefunctions.mlp_slater_laplacian (analytic orbital derivatives),
+vmc.sample_walkers, and slater's check that orbitals are single-particle."""
 
 import functools
 
@@ -8,7 +9,14 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from beyondgrad import forward_laplacian, runtime, slater, vmc, wavefunctions
+from beyondgrad import (
+    forward_laplacian,
+    laplacian,
+    runtime,
+    slater,
+    vmc,
+    wavefunctions,
+)
 
 
 def _problem(n, hidden, seed, dtype=jnp.float64):
@@ -145,9 +153,7 @@ def test_mlp_slater_laplacian_rejects_bad_input():
     params = wavefunctions.init_params(jax.random.key(0), 4, hidden=6)
     with pytest.raises(ValueError, match=r"positions must have shape \(n, 3\)"):
         wavefunctions.mlp_slater_laplacian(params, jnp.ones((4, 2)))
-    with pytest.raises(
-        ValueError, match=r"params\['w2'\] must have shape \(6, 3\) for 3 electrons"
-    ):
+    with pytest.raises(ValueError, match=r"made for 4 electrons .* hold 3 electrons"):
         wavefunctions.mlp_slater_laplacian(params, jnp.ones((3, 3)))
     with pytest.raises(ValueError, match="params must be the dict of init_params"):
         wavefunctions.mlp_slater_laplacian({"w1": params["w1"]}, jnp.ones((4, 3)))
@@ -450,3 +456,150 @@ def test_compat_bind_equation_and_atom_value_on_a_real_jaxpr():
             env[var] = value
     out = compat.jaxpr_atom_value(closed.jaxpr.outvars[0], env)
     np.testing.assert_allclose(np.asarray(out), 2.0 * np.sin(np.arange(3.0)), rtol=1e-6)
+
+
+# --- orbitals the row formula does not apply to (issue 26, honest guidance) ----------------
+
+N_ALL = 4
+
+
+def _weights(dtype):
+    k = jax.random.split(jax.random.key(42), 3)
+    return (
+        jax.random.normal(k[0], (3, 8), dtype),
+        jax.random.normal(k[1], (3, 8), dtype),
+        jax.random.normal(k[2], (8, N_ALL), dtype) / 3,
+    )
+
+
+def _ferminet_like(x, dtype=jnp.float64):
+    """Orbitals of all electrons, written for (m, 3) positions, that also run on (3,).
+
+    Each row reads a feature pooled over every electron it is given, refined by a
+    fori_loop (a loop: what folx 0.2.30 fails on with JAX 0.12)."""
+    w0, w1, w2 = _weights(dtype)
+    pooled = jnp.mean(jnp.tanh(jnp.atleast_2d(x) @ w0), axis=0)
+    pooled = jax.lax.fori_loop(0, 2, lambda i, p: jnp.tanh(p + 0.1 * i), pooled)
+    h = jnp.tanh(x @ w1 + pooled)
+    return (h @ w2) * jnp.exp(-0.5 * jnp.sum(x * x, axis=-1, keepdims=True))
+
+
+def _all_electron_log_psi(v):
+    return jnp.linalg.slogdet(_ferminet_like(v.reshape(N_ALL, 3)))[1]
+
+
+def _positions():
+    return jax.random.normal(jax.random.key(7), (N_ALL, 3), jnp.float64)
+
+
+def test_orbitals_of_all_electrons_are_refused_and_would_have_been_wrong():
+    with jax.enable_x64(True):
+        pos = _positions()
+        want = jnp.trace(jax.hessian(_all_electron_log_psi)(pos.reshape(-1)))
+        # what the row formula computes: the Laplacian of log|det| of rows evaluated
+        # one electron at a time (each row then sees one electron only)
+        rows = lambda v: jnp.linalg.slogdet(  # noqa: E731
+            jax.vmap(_ferminet_like)(v.reshape(N_ALL, 3))
+        )[1]
+        unchecked = jnp.trace(jax.hessian(rows)(pos.reshape(-1)))
+        # measured: -83.1 where the all-electron Laplacian is -238.9
+        assert abs(float(unchecked) - float(want)) > 0.5 * abs(float(want))
+        for call in (
+            lambda: slater.slater_laplacian(_ferminet_like, pos),
+            lambda: jax.jit(lambda p: slater.slater_laplacian(_ferminet_like, p))(pos),
+            lambda: slater.slater_matrix(_ferminet_like, pos),
+            lambda: slater.orbital_derivatives(_ferminet_like, pos),
+        ):
+            with pytest.raises(ValueError, match="read all electrons"):
+                call()
+
+
+def test_orbitals_that_pool_over_any_number_of_electrons_are_refused():
+    def pooling(x):
+        xs = x.reshape(-1, 3)
+        return jnp.tanh(jnp.mean(xs @ jnp.ones((3, N_ALL)), axis=0) * jnp.arange(1, 5))
+
+    with pytest.raises(ValueError, match="pool over all the electrons"):
+        slater.slater_laplacian(
+            pooling, jnp.ones((N_ALL, 3)) * jnp.arange(4.0)[:, None]
+        )
+
+
+def test_the_hint_recommends_methods_that_work_on_the_running_jax():
+    """The recommended calls give the float64 Hessian-trace reference on a network with
+    a loop; folx is recommended only if it handles that network here."""
+    with jax.enable_x64(True):
+        pos = _positions()
+        x = pos.reshape(-1)
+        want = float(jnp.trace(jax.hessian(_all_electron_log_psi)(x)))
+        with pytest.raises(ValueError) as info:
+            slater.slater_laplacian(_ferminet_like, pos)
+        hint = str(info.value)
+        assert "laplacian.grad_and_laplacian(" in hint and "method='loop'" in hint
+        assert "forward_laplacian.forward_laplacian(" in hint
+        for method in ("loop", "vmap"):
+            _, lap = laplacian.grad_and_laplacian(
+                _all_electron_log_psi, x, method=method
+            )
+            # measured relative errors 0 (loop), 4.8e-16 (vmap) on JAX 0.12.0.1
+            np.testing.assert_allclose(float(lap), want, rtol=4e-15)
+        _, _, lap = forward_laplacian.forward_laplacian(_all_electron_log_psi, x)
+        np.testing.assert_allclose(float(lap), want, rtol=4e-15)  # measured 1.2e-16
+        try:  # an independent try of folx on this very network
+            import folx
+
+            folx_ok = bool(
+                np.isclose(
+                    float(folx.forward_laplacian(_all_electron_log_psi)(x).laplacian),
+                    want,
+                    rtol=1e-8,
+                )
+            )
+        except Exception:
+            folx_ok = False
+        assert ("method='folx' (folx) also works" in hint) == folx_ok
+        assert ("not method='folx'" in hint) == (not folx_ok)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda orb, pos: slater.slater_laplacian(orb, pos),
+        lambda orb, pos: slater.slater_matrix(orb, pos),
+        lambda orb, pos: slater.orbital_derivatives(orb, pos),
+        lambda orb, pos: slater.orbital_derivatives_fwdfwd(orb, pos),
+    ],
+    ids=["slater_laplacian", "slater_matrix", "orbital_derivatives", "fwdfwd"],
+)
+def test_complex_orbitals_are_refused(call):
+    """Refused: the row formula with complex orbitals returns complex values of which
+    only the real part is log|det|'s (issue 26)."""
+
+    def plane_waves(r):
+        k = jnp.array([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 0]])
+        return jnp.exp(1j * (k @ r)) * jnp.exp(-0.1 * r @ r)
+
+    with pytest.raises(TypeError, match="complex values .* real orbitals only"):
+        call(plane_waves, jnp.ones((4, 3)) * jnp.arange(4.0)[:, None])
+
+
+@pytest.mark.parametrize("name", ["gto", "plane waves x Jastrow", "every rule", "mlp"])
+def test_single_particle_orbitals_pass_the_check(name):
+    """No false alarm on the book's and the tests' single-particle families, eagerly,
+    under jit with concrete parameters and under jit with traced parameters."""
+    with jax.enable_x64(True):
+        params, pos = _problem(4, 6, 3)
+        if name == "mlp":
+            orbitals = functools.partial(wavefunctions.mlp_orbitals, params)
+        else:
+            orbitals = ORBITAL_FUNCTIONS[name]
+        want = slater.slater_laplacian(orbitals, pos)[2]
+        got = jax.jit(lambda p: slater.slater_laplacian(orbitals, p))(pos)[2]
+        np.testing.assert_allclose(float(got), float(want), rtol=1e-12)
+        if name == "mlp":
+            traced = jax.jit(
+                lambda q, p: slater.slater_laplacian(
+                    functools.partial(wavefunctions.mlp_orbitals, q), p
+                )
+            )(params, pos)[2]
+            np.testing.assert_allclose(float(traced), float(want), rtol=1e-12)

@@ -54,6 +54,8 @@ __all__ = [
     "LaplacianOptions",
     "Method",
     "basis",
+    "check_key",
+    "check_method",
     "grad_and_laplacian",
     "hutchinson_probes",
     "hutchinson_samples",
@@ -67,19 +69,27 @@ Method = Literal["hessian", "loop", "vmap", "folx", "hutchinson"]
 class LaplacianOptions(TypedDict, total=False):
     """The keyword options :func:`laplacian` and :func:`kinetic_energy` pass on to
     :func:`grad_and_laplacian` (defaults there: ``method="loop"``, ``key=None``,
-    ``num_samples=16``, ``sparsity_threshold=0``)."""
+    ``num_samples=None`` (16 probes), ``sparsity_threshold=None`` (0, dense)). An
+    option read by one method only is an error with any other method."""
 
     method: Method
     key: jax.Array | None
-    num_samples: int
-    sparsity_threshold: float
+    num_samples: int | None
+    sparsity_threshold: float | None
 
 
 METHODS: tuple[str, ...] = ("hessian", "loop", "vmap", "folx", "hutchinson")
 
 
-def _check_method(method: str) -> None:
-    """Raise ``ValueError`` unless ``method`` is one of :data:`METHODS`."""
+def check_method(method: object) -> None:
+    """Raise ``ValueError`` unless ``method`` is one of :data:`METHODS`.
+
+    Args:
+        method: the name of a Laplacian method.
+
+    Raises:
+        ValueError: ``method`` is not one of :data:`METHODS`; the message lists them.
+    """
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(
             f"unknown Laplacian method {method!r}; expected one of "
@@ -104,31 +114,92 @@ def _check_num_samples(num_samples: object) -> None:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
 
 
+def check_key(key: object, name: str = "key") -> jax.Array:
+    """``key`` itself, after checking that it is a JAX PRNG key.
+
+    Accepted: a typed key (``jax.random.key(0)``, dtype ``key<...>``) or a legacy raw
+    key (``jax.random.PRNGKey(0)``: a 1-D ``uint32`` array), concrete or traced.
+
+    Args:
+        key: the value to check.
+        name: the argument's name, for the message.
+
+    Returns:
+        ``key`` unchanged.
+
+    Raises:
+        TypeError: ``key`` is not a JAX array, or an array of another dtype (an int,
+            floats); the message names what was given and shows ``jax.random.key(0)``.
+    """
+    typed = isinstance(key, jax.Array) and jnp.issubdtype(
+        key.dtype, jax.dtypes.prng_key
+    )
+    raw = isinstance(key, jax.Array) and key.dtype == jnp.uint32 and key.ndim == 1
+    if not (typed or raw):
+        got = (
+            f"an array of dtype {key.dtype} and shape {key.shape}"
+            if isinstance(key, jax.Array)
+            else f"{type(key).__name__} {key!r}"
+        )
+        raise TypeError(
+            f"{name} must be a JAX PRNG key, e.g. jax.random.key(0) (or a legacy "
+            f"jax.random.PRNGKey(0)), got {got}"
+        )
+    return key  # type: ignore[return-value]
+
+
 def _check_key(key: object, method: str) -> jax.Array:
     if key is None:
         raise ValueError(
             f"method={method!r} needs a PRNG key: pass key=jax.random.key(0) "
             "(one key per walker: jax.random.fold_in(key, walker_index))"
         )
-    if not isinstance(key, jax.Array):
-        raise TypeError(
-            f"key must be a JAX PRNG key (jax.random.key(0)), got {type(key).__name__}"
+    return check_key(key)
+
+
+#: the options of :func:`grad_and_laplacian` that only one method reads
+_OPTION_OF = {
+    "key": "hutchinson",
+    "num_samples": "hutchinson",
+    "sparsity_threshold": "folx",
+}
+
+
+def _check_options(method: str, given: dict[str, object]) -> None:
+    """Raise ``ValueError`` for an option given that ``method`` would silently ignore."""
+    for option, value in given.items():
+        owner = _OPTION_OF[option]
+        if value is not None and owner != method:
+            shown = (
+                f"{option}={value!r}"
+                if isinstance(value, (int, float))
+                else f"{option} (a {type(value).__name__})"
+            )
+            raise ValueError(
+                f"{shown} applies only to method={owner!r}, not to "
+                f"method={method!r}, which would ignore it: drop {option} or use "
+                f"method={owner!r}"
+            )
+
+
+def _check_point(x: object) -> jax.Array:
+    x = jnp.asarray(x)
+    if x.ndim != 1:
+        raise ValueError(
+            f"x must be a 1-D array (flatten it, e.g. x.reshape(-1)), got shape "
+            f"{x.shape}; for a batch of points use jax.vmap over laplacian"
         )
-    return key
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(
+            "x must be a floating-point array (e.g. x.astype(jnp.float32)), got dtype "
+            f"{x.dtype}"
+        )
+    return x
 
 
 def _check_input(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
     _check_function(f)
-    x = jnp.asarray(x)
-    if x.ndim != 1:
-        raise ValueError(
-            f"x must be a 1-D array (flatten it, e.g. x.reshape(-1)), got shape {x.shape}; "
-            "for a batch of points use jax.vmap over laplacian"
-        )
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(
-            f"x must be a floating-point array (e.g. x.astype(jnp.float32)), got dtype {x.dtype}"
-        )
+    x = _check_point(x)
     out = jax.eval_shape(f, x)
     if getattr(out, "shape", None) != ():
         got = getattr(out, "shape", type(out).__name__)
@@ -156,8 +227,8 @@ def grad_and_laplacian(
     *,
     method: Method = "loop",
     key: jax.Array | None = None,
-    num_samples: int = 16,
-    sparsity_threshold: float = 0,
+    num_samples: int | None = None,
+    sparsity_threshold: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(∇f(x), Δf(x))`` computed together, shapes ``(d,)`` and ``()``.
 
@@ -165,32 +236,86 @@ def grad_and_laplacian(
     method (only the Laplacian of ``"hutchinson"`` is stochastic) and costs nothing
     extra: the Hessian-vector methods linearize ``grad f``, whose primal output is the
     gradient, and ``"folx"`` reads it from the Jacobian folx propagates anyway.
+
+    Args:
+        f: a scalar function of a 1-D array.
+        x: the point, a 1-D floating-point array of any size (``d = 0`` gives
+            ``(empty, 0)``).
+        method: one of :data:`METHODS`.
+        key: the PRNG key of ``"hutchinson"`` (required there, refused elsewhere).
+        num_samples: the number of probes of ``"hutchinson"`` (default 16; refused
+            with another method).
+        sparsity_threshold: folx's sparsity threshold for ``"folx"`` (default 0,
+            dense; refused with another method).
+
+    Returns:
+        ``(gradient (d,), Laplacian ())``.
+
+    Raises:
+        ValueError: unknown ``method``; an option of another method; no ``key`` for
+            ``"hutchinson"``; ``num_samples < 1``; ``x`` not 1-D; ``f`` not scalar.
+        TypeError: ``f`` not callable; ``x`` not floating-point; ``key`` not a key.
     """
-    _check_method(method)
+    check_method(method)
     x = _check_input(f, x)
+    _check_options(
+        method,
+        {
+            "key": key,
+            "num_samples": num_samples,
+            "sparsity_threshold": sparsity_threshold,
+        },
+    )
     if method == "hutchinson":
         _check_key(key, method)
+        num_samples = 16 if num_samples is None else num_samples
         _check_num_samples(num_samples)
     if method == "hessian":
         return jax.grad(f)(x), jnp.trace(jax.hessian(f)(x))
     if method == "folx":
-        import folx  # optional dependency (the 'chapters' extra)
-
-        out = folx.forward_laplacian(f, sparsity_threshold=sparsity_threshold)(x)
-        return out.jacobian.dense_array.reshape(x.shape), out.laplacian
+        return _folx_grad_and_laplacian(f, x, sparsity_threshold)
     g, hvp = jax.linearize(jax.grad(f), x)  # hvp(v) = H v, reusing the linearization
     if method == "loop":
+        if x.shape[0] == 0:  # nothing to loop over (and eye[i] cannot be traced)
+            return g, jnp.sum(jnp.zeros_like(g))
         eye = basis(x)
 
         def body(i: jax.Array, acc: jax.Array) -> jax.Array:
             return acc + hvp(eye[i])[i]
 
-        # the carry starts varying like g (zeros_like keeps the type), not as an invariant 0.0
+        # the carry starts varying like g (zeros_like keeps the type), not as an
+        # invariant 0.0
         return g, lax.fori_loop(0, x.shape[0], body, jnp.zeros_like(g[0]))
     if method == "vmap":
         return g, jnp.trace(jax.vmap(hvp)(basis(x)))
+    assert num_samples is not None  # set above for "hutchinson"
     probes = hutchinson_probes(_check_key(key, method), x, num_samples)
     return g, jnp.mean(jnp.sum(jax.vmap(hvp)(probes) * probes, axis=-1))
+
+
+def _folx_grad_and_laplacian(
+    f: Callable[[jax.Array], jax.Array], x: jax.Array, sparsity_threshold: float | None
+) -> tuple[jax.Array, jax.Array]:
+    """The ``"folx"`` method: gradient and Laplacian read from folx's one forward pass."""
+    threshold = 0 if sparsity_threshold is None else sparsity_threshold
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or threshold < 0
+    ):
+        raise ValueError(
+            "sparsity_threshold must be a number >= 0 (0 = dense), got "
+            f"{sparsity_threshold!r}"
+        )
+    import folx  # optional dependency (the 'chapters' extra)
+
+    out = folx.forward_laplacian(f, sparsity_threshold=threshold)(x)
+    if not hasattr(out, "laplacian"):
+        # folx returns a plain array when f's output does not depend on x: its
+        # gradient and Laplacian are zero (summing zeros keeps x's varying axes)
+        zeros = jnp.zeros_like(x)
+        return zeros, jnp.sum(zeros)
+    return out.jacobian.dense_array.reshape(x.shape), out.laplacian
 
 
 def hutchinson_probes(key: jax.Array, x: jax.Array, num_samples: int) -> jax.Array:
@@ -198,10 +323,23 @@ def hutchinson_probes(key: jax.Array, x: jax.Array, num_samples: int) -> jax.Arr
 
     The probes are a function of ``key`` alone: the same key gives the same probes at
     every point, so a batch needs one key per point (``jax.random.fold_in``).
+
+    Args:
+        key: a PRNG key (``jax.random.key(0)``).
+        x: a 1-D floating-point array (its size, dtype and varying axes are used).
+        num_samples: the number of probes, a positive int.
+
+    Returns:
+        ``(num_samples, d)`` entries ±1 of ``x``'s dtype.
+
+    Raises:
+        TypeError: ``key`` is not a PRNG key; ``x`` is not floating-point.
+        ValueError: ``key`` is None; ``num_samples`` is not a positive int; ``x`` is
+            not 1-D.
     """
     _check_key(key, "hutchinson")
     _check_num_samples(num_samples)
-    x = jnp.asarray(x)
+    x = _check_point(x)
     v = jax.random.rademacher(key, (num_samples, x.shape[0]), dtype=x.dtype)
     return _varying_like(v, x)
 
@@ -214,6 +352,18 @@ def hutchinson_samples(
     Their mean is ``laplacian(f, x, method="hutchinson", ...)``; their variance over
     ``num_samples`` is the estimator's variance (for Rademacher probes
     :math:`2\\sum_{i\\ne j} H_{ij}^2` per sample).
+
+    Args:
+        f: a scalar function of a 1-D array.
+        x: the point, 1-D and floating-point.
+        key: a PRNG key.
+        num_samples: the number of probes, a positive int.
+
+    Returns:
+        ``(num_samples,)`` estimates.
+
+    Raises:
+        ValueError, TypeError: as :func:`hutchinson_probes` and :func:`laplacian`.
     """
     x = _check_input(f, x)
     probes = hutchinson_probes(key, x, num_samples)
@@ -231,11 +381,24 @@ def laplacian(
     ``method`` is one of ``"hessian"``, ``"loop"``, ``"vmap"``, ``"folx"``,
     ``"hutchinson"`` (see the module docstring). ``"hutchinson"`` needs ``key`` and
     averages ``num_samples`` Rademacher probes; ``"folx"`` passes ``sparsity_threshold``
-    to ``folx.forward_laplacian`` (0 = dense). Returns a scalar of ``x``'s dtype.
+    to ``folx.forward_laplacian`` (0 = dense). An option of another method is an error,
+    not silently ignored.
 
-    Raises ``ValueError`` for an unknown method, a non-1-D ``x``, a non-scalar ``f``,
-    a missing key or ``num_samples < 1``; ``TypeError`` for a non-function ``f`` or an
-    integer ``x``.
+    Args:
+        f: a scalar function of a 1-D array.
+        x: the point, 1-D and floating-point.
+        **options: ``method``, ``key``, ``num_samples``, ``sparsity_threshold`` (see
+            :func:`grad_and_laplacian`).
+
+    Returns:
+        A scalar of ``x``'s dtype (0 when ``f`` does not depend on ``x`` or ``x`` is
+        empty).
+
+    Raises:
+        ValueError: an unknown method, an option of another method, a non-1-D ``x``, a
+            non-scalar ``f``, a missing key or ``num_samples < 1``.
+        TypeError: a non-function ``f``, an integer ``x`` or a key that is not a PRNG
+            key.
     """
     return grad_and_laplacian(f, x, **options)[1]
 
@@ -251,6 +414,17 @@ def kinetic_energy(
     log|ψ| so that it never forms ψ itself. ``x`` may have any shape (e.g. ``(n, 3)``
     electron positions): ``log_psi`` is called with an array of that shape, and the
     derivatives are taken with respect to all its entries.
+
+    Args:
+        log_psi: ``log|ψ|`` as a function of one array shaped like ``x``.
+        x: the positions, floating-point, any shape.
+        **options: as for :func:`laplacian`.
+
+    Returns:
+        A scalar.
+
+    Raises:
+        ValueError, TypeError: as :func:`laplacian`.
     """
     _check_function(log_psi, "log_psi")
     x = jnp.asarray(x)

@@ -19,11 +19,15 @@ energy and gradient in :mod:`beyondgrad.vmc`.
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg
+import numpy as np
 
 from beyondgrad import compat
 from beyondgrad.forward_laplacian import forward_jet
@@ -42,32 +46,107 @@ __all__ = [
 
 
 def check_positions(positions: jax.Array) -> jax.Array:
-    """``positions`` as an array, after checking it is ``(n, 3)`` and floating-point."""
+    """``positions`` as an array, after checking it is ``(n, 3)`` and floating-point.
+
+    Args:
+        positions: electron positions, one row per electron.
+
+    Returns:
+        ``positions`` as a JAX array.
+
+    Raises:
+        ValueError: the shape is not ``(n, 3)`` with ``n >= 1``.
+        TypeError: the dtype is not a real floating-point type.
+    """
     positions = jnp.asarray(positions)
-    if positions.ndim != 2 or positions.shape[1] != 3:
+    if positions.ndim != 2 or positions.shape[1] != 3 or positions.shape[0] < 1:
         raise ValueError(
-            f"positions must have shape (n, 3) (n electrons in 3-D), got {positions.shape}"
+            f"positions must have shape (n, 3) (n >= 1 electrons in 3-D), got "
+            f"{positions.shape}"
         )
     if not jnp.issubdtype(positions.dtype, jnp.floating):
         raise TypeError(
-            f"positions must be a floating-point array, got dtype {positions.dtype}"
+            f"positions must be a real floating-point array, got dtype "
+            f"{positions.dtype} (cast with positions.astype(jnp.float32))"
         )
     return positions
 
 
-_ALL_ELECTRONS_HINT = (
-    "slater_laplacian and slater_matrix need single-particle orbitals, orbitals(r) with r "
-    "of shape (3,) (one electron). For orbitals that depend on all electrons (as in "
-    "FermiNet) the row structure does not hold: use "
-    "laplacian.laplacian(lambda v: log_psi(v.reshape(n, 3)), x.reshape(-1), "
-    "method='folx') instead"
-)
+@functools.cache
+def _folx_handles_loops() -> bool:
+    """Whether the installed folx differentiates a ``fori_loop`` (a ``scan``) on the
+    running JAX.
+
+    Decided by trying (abstractly, no FLOPs), not from version numbers: folx 0.2.30 on
+    JAX 0.12 fails on loops (``KeyError: 'num_carry'``), which all-electron networks
+    often contain.
+    """
+
+    def looped(x: jax.Array) -> jax.Array:
+        return jnp.sum(jax.lax.fori_loop(0, 2, lambda i, c: jnp.tanh(c * x), x))
+
+    before = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)  # folx logs its failures on the root logger
+    try:
+        import folx
+
+        out = jax.eval_shape(folx.forward_laplacian(looped), jnp.ones(2))
+        return hasattr(out, "laplacian")
+    except Exception:  # not installed, or fails on this JAX: do not recommend it
+        return False
+    finally:
+        logging.disable(before)
+
+
+def _all_electrons_hint() -> str:
+    """What to use for orbitals of all electrons, by what works on the running JAX."""
+    folx_note = (
+        "; method='folx' (folx) also works on this JAX and exploits sparsity"
+        if _folx_handles_loops()
+        else "; not method='folx': folx is not installed or fails on loops "
+        "(scan/fori_loop) on this JAX"
+    )
+    return (
+        "slater_laplacian, slater_matrix and orbital_derivatives need single-particle "
+        "orbitals, orbitals(r) of one electron's position r of shape (3,). For "
+        "orbitals that read all electrons (as in FermiNet) the row structure does not "
+        "hold: take the Laplacian of the whole log|psi| instead, with "
+        "laplacian.grad_and_laplacian(lambda v: log_psi(v.reshape(n, 3)), "
+        "x.reshape(-1), method='loop') (or method='vmap': faster, more memory) or "
+        "forward_laplacian.forward_laplacian(lambda v: log_psi(v.reshape(n, 3)), "
+        f"x.reshape(-1)), which handle loops, while, custom_jvp and custom_vjp"
+        f"{folx_note}"
+    )
+
+
+def _probe_size(n: int) -> int:
+    """A number of probe electrons that cannot be confused with 3 coordinates or n."""
+    return next(m for m in (2, 4, 5) if m != n)
+
+
+def _probe_positions(m: int, dtype: Any) -> jax.Array:
+    """``m`` fixed, distinct, generic positions (no symmetry that could hide a mix-up)."""
+    grid = np.arange(3 * m, dtype=np.float64).reshape(m, 3)
+    return jnp.asarray(0.3 * np.sin(1.7 * grid + 0.4) + 0.1 * grid, dtype)
 
 
 def _check_orbitals(
     orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
 ) -> None:
-    """Cheap structural check (one abstract evaluation, no FLOPs): ``orbitals(r (3,)) -> (n,)``."""
+    """Check that ``orbitals`` maps one position ``(3,)`` to ``n`` real values and
+    reads one electron only.
+
+    1. ``orbitals`` on one ``(3,)`` position must give ``(n,)`` real floating-point
+       values (abstract evaluation, no FLOPs).
+    2. A network written for all electrons often also runs on a batch of ``m``
+       positions: it either returns ``(n,)`` values for any ``m`` (it pools over the
+       electrons it is given: refused), or ``(m, n)`` rows. Those rows are compared
+       with the rows computed one electron at a time, on ``m`` fixed probe positions;
+       if they differ, row ``i`` depended on other electrons: refused. The value
+       comparison needs concrete values: it is skipped when ``orbitals`` closes over
+       traced values (e.g. parameters under ``jit``); call once outside ``jit`` to
+       have it checked.
+    """
     if not callable(orbitals):
         raise TypeError(
             f"orbitals must be a function r (3,) -> (n,), got {type(orbitals).__name__}"
@@ -76,16 +155,84 @@ def _check_orbitals(
     try:
         out = jax.eval_shape(orbitals, jax.ShapeDtypeStruct((3,), positions.dtype))
     except Exception as e:  # e.g. a function written for (n, 3) positions
+        first = str(e).splitlines()[0] if str(e) else ""
         raise ValueError(
             f"orbitals failed on one electron's position of shape (3,) "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). {_ALL_ELECTRONS_HINT}"
+            f"({type(e).__name__}: {first}). {_all_electrons_hint()}"
         ) from e
     shape = getattr(out, "shape", None)
+    dtype = getattr(out, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jnp.complexfloating):
+        raise TypeError(
+            f"orbitals return complex values (dtype {dtype}); slater_laplacian, "
+            "slater_matrix and orbital_derivatives support real orbitals only (for "
+            "complex ones only the real part of the result would be right): use real "
+            "orbitals, e.g. the real and imaginary parts as separate orbitals"
+        )
+    if shape is not None and len(shape) == 1 and shape[0] != n:
+        raise ValueError(
+            f"orbitals return {shape[0]} values but the positions hold {n} electrons "
+            f"(shape {tuple(positions.shape)}): a Slater determinant needs one orbital "
+            f"per electron (were the orbitals' parameters made for {shape[0]} "
+            "electrons?)"
+        )
     if shape != (n,):
         got = shape if shape is not None else type(out).__name__
         raise ValueError(
-            f"orbitals must map one position (3,) to the {n} orbital values (n,) for n = {n} "
-            f"electrons, got output shape {got}. {_ALL_ELECTRONS_HINT}"
+            f"orbitals must map one position (3,) to the {n} orbital values (n,) for "
+            f"n = {n} electrons, got output shape {got}. {_all_electrons_hint()}"
+        )
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"orbitals must return floating-point values, got dtype {dtype} (integer "
+            "orbitals have no derivatives)"
+        )
+    _check_one_electron(orbitals, n, positions.dtype)
+
+
+def _check_one_electron(
+    orbitals: Callable[[jax.Array], jax.Array], n: int, dtype: Any
+) -> None:
+    """Step 2 of :func:`_check_orbitals`: refuse orbitals that read several electrons."""
+    m = _probe_size(n)
+    shapes = []
+    for size in (m, m + 1):
+        try:
+            batch = jax.eval_shape(orbitals, jax.ShapeDtypeStruct((size, 3), dtype))
+        except Exception:  # written for one (3,) position only: fine
+            return
+        shapes.append(getattr(batch, "shape", None))
+    if shapes == [(n,), (n,)]:
+        raise ValueError(
+            f"orbitals return the same {n} values for one position (3,) and for "
+            f"{m} or {m + 1} positions at once: they pool over all the electrons "
+            "they are given, so each orbital depends on every electron. If they "
+            "really are single-particle orbitals, make a batch of positions give one "
+            "row per position (reduce over axis=-1, not over the whole array). "
+            f"{_all_electrons_hint()}"
+        )
+    if shapes[0] != (m, n):
+        return
+    try:
+        with jax.ensure_compile_time_eval():  # concrete, even under jit or vmap
+            probe = _probe_positions(m, dtype)
+            together = orbitals(probe)
+            alone = jnp.stack([orbitals(probe[i]) for i in range(m)])
+            if isinstance(together, jax.core.Tracer) or isinstance(
+                alone, jax.core.Tracer
+            ):
+                return  # orbitals close over traced values: cannot compare
+            gap = float(jnp.max(jnp.abs(together - alone)))
+            scale = float(jnp.max(jnp.abs(alone)))
+    except Exception:  # cannot be evaluated here (e.g. a traced closure): skip
+        return
+    tol = 100 * float(jnp.finfo(dtype).eps) * max(scale, 1.0)
+    if not gap <= tol:
+        raise ValueError(
+            f"orbitals read all electrons: given {m} positions at once, row i is not "
+            f"orbitals(position i) (largest difference {gap:.3g}, at values up to "
+            f"{scale:.3g}), so each orbital depends on every electron and the row "
+            f"formula would give a wrong Laplacian. {_all_electrons_hint()}"
         )
 
 
@@ -200,7 +347,9 @@ def slater_laplacian(
     Shapes: scalar, ``(n, 3)``, scalar. Only valid when each orbital depends on one
     electron: orbitals of all electrons at once (as in FermiNet) are rejected with a
     ``ValueError`` (the check evaluates ``orbitals`` abstractly on one ``(3,)``
-    position); for those use ``laplacian.laplacian(..., method="folx")``.
+    position, and compares rows computed together and alone); for those take the
+    Laplacian of the whole log|ψ| with ``laplacian.grad_and_laplacian`` or
+    :func:`~beyondgrad.forward_laplacian.forward_laplacian`.
     """
     return _row_formula_rows_first(
         *_orbital_derivatives_rows_first(orbitals, positions)

@@ -1,24 +1,54 @@
-"""Variational Monte Carlo for a wavefunction ``log_psi(params, positions)``: local
-energies, Metropolis walkers, and the energy and its parameter gradient (Chapter 5).
+r"""Variational Monte Carlo (Chapter 5): local energies, Metropolis walkers, and the
+energy with its parameter gradient, on one device or sharded over a mesh.
 
-Local energy (atomic units, ħ = m = e = 1) of ``n`` electrons in a harmonic trap
-(frequency ``omega``) that repel each other by Coulomb's law:
+The system: ``n`` electrons in a harmonic trap of frequency :math:`\omega` that repel
+each other by Coulomb's law, in atomic units (:math:`\hbar = m = e = 1`),
 
 .. math::
-   E_L(x) &= -\\tfrac12\\big(\\Delta\\log|\\psi| + |\\nabla\\log|\\psi||^2\\big) \\\\
-            &\\quad + \\tfrac12\\omega^2\\sum_i |r_i|^2 + \\sum_{i<j} \\frac1{|r_i-r_j|}.
+   H = -\tfrac12\sum_i \nabla_{r_i}^2 + \tfrac12\omega^2\sum_i |r_i|^2
+       + \sum_{i<j} \frac1{|r_i-r_j|}.
 
-The gradient returned by :func:`energy_and_grad` is, by default (``estimator="vmc"``),
-the VMC estimator :math:`2\\,\\mathbb{E}[(E_L-\\bar E)\\nabla_\\theta\\log|\\psi|]` of the
-gradient of the energy expectation :math:`\\langle\\psi|H|\\psi\\rangle/\\langle\\psi|\\psi\\rangle`
-with walkers drawn from :math:`|\\psi|^2`. With ``estimator="direct"`` it is the gradient
-of the batch mean of :math:`E_L` (differentiating through the Laplacian), which is a
-different quantity: right for a fixed set of points, not for the variational energy.
+A trial wavefunction is given as :math:`\log|\psi_\theta|`. Its local energy
+:math:`E_L = H\psi/\psi` is, written with :math:`\log|\psi|` so that
+:math:`\psi` itself is never formed,
+
+.. math::
+   E_L(x) = -\tfrac12\big(\Delta\log|\psi| + |\nabla\log|\psi||^2\big) + V(x),
+
+and the variational energy :math:`E(\theta) = \langle\psi|H|\psi\rangle /
+\langle\psi|\psi\rangle = \mathbb{E}_{x\sim|\psi|^2}[E_L(x)]` is estimated by the
+mean of :math:`E_L` over walkers :math:`x_1..x_B` drawn from :math:`|\psi|^2`
+(:func:`sample_walkers`). Its gradient is, by default (``estimator="vmc"``), the VMC
+estimator :math:`\frac2B\sum_b (E_L(x_b)-\bar E)\nabla_\theta\log|\psi(x_b)|`
+(no derivative of the Laplacian needed). ``estimator="direct"`` returns instead the
+gradient of the batch mean of :math:`E_L` (differentiating through the Laplacian): a
+different quantity, right for a fixed set of points, not for the variational energy.
+
+Contract
+--------
+* ``log_psi(params, positions)`` takes a pytree ``params`` and one configuration
+  ``positions`` of shape ``(n, 3)`` (electron ``i`` at ``positions[i]``) and returns
+  the real scalar :math:`\log|\psi|`; it must be a JAX-traceable pure function. The
+  functions here batch over walkers themselves (``jax.vmap``); ``log_psi`` never sees
+  the batch axis. :func:`beyondgrad.wavefunctions.mlp_log_psi` is one.
+* ``walkers`` are ``(B, n, 3)`` floating-point arrays; ``params`` are floating-point
+  wherever a gradient is taken. Sizes are checked before any computation, and a
+  mismatch (walkers of 3 electrons, parameters made for 4) is reported with both sizes.
+* Keys are JAX PRNG keys. With ``method="hutchinson"`` walker ``b`` of the (global)
+  batch gets the probes of ``fold_in(key, b)`` (:func:`walker_keys`), so the noise
+  averages over the batch and a sharded run draws the probes of the single-device run.
+* Compiled programs are cached per ``(log_psi, settings)``: calling a driver again with
+  the same function and settings reuses the program (``jax.jit`` then retraces only for
+  new shapes or dtypes). The cache holds the function weakly and drops the programs when
+  it is garbage-collected; a bound method ``model.log_psi``, a new object at each
+  attribute access, is keyed on its ``(__func__, __self__)`` pair, so it compiles once
+  too.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Literal
@@ -28,7 +58,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from beyondgrad.laplacian import Method, _check_method, kinetic_energy
+from beyondgrad.laplacian import Method, check_key, check_method, kinetic_energy
 from beyondgrad.slater import check_positions
 from beyondgrad.wavefunctions import Params
 
@@ -46,15 +76,27 @@ Estimator = Literal["vmc", "direct"]
 
 
 def potential_energy(positions: jax.Array, *, omega: float = 1.0) -> jax.Array:
-    """:math:`\\tfrac12\\omega^2\\sum_i|r_i|^2 + \\sum_{i<j}1/|r_i-r_j|` for ``(n, 3)`` positions."""
+    """The potential :math:`\\tfrac12\\omega^2\\sum_i|r_i|^2 + \\sum_{i<j}1/|r_i-r_j|`.
+
+    Args:
+        positions: ``(n, 3)`` floating-point electron positions.
+        omega: the trap frequency, a Python number.
+
+    Returns:
+        A scalar of ``positions``' dtype.
+
+    Raises:
+        ValueError: ``positions`` is not ``(n, 3)``.
+        TypeError: ``positions`` is not floating-point; ``omega`` is not a number.
+    """
     positions = check_positions(positions)
+    omega = _check_omega(omega)
     n = positions.shape[0]
     trap = 0.5 * omega**2 * jnp.sum(positions * positions)
     diff = positions[:, None, :] - positions[None, :, :]
     eye = jnp.eye(n, dtype=positions.dtype)
-    dist = jnp.sqrt(
-        jnp.sum(diff * diff, axis=-1) + eye
-    )  # + eye: no sqrt(0) on the diagonal
+    # + eye: no sqrt(0) on the diagonal (masked out by `upper`)
+    dist = jnp.sqrt(jnp.sum(diff * diff, axis=-1) + eye)
     upper = jnp.triu(jnp.ones((n, n), dtype=positions.dtype), k=1)
     return trap + jnp.sum(upper / dist)
 
@@ -68,13 +110,62 @@ def local_energy(
     key: jax.Array | None = None,
     omega: float = 1.0,
 ) -> jax.Array:
-    """:math:`E_L = -\\tfrac12(\\Delta\\log|\\psi|+|\\nabla\\log|\\psi||^2) + V` at ``(n, 3)`` positions."""
+    """:math:`E_L = -\\tfrac12(\\Delta\\log|\\psi|+|\\nabla\\log|\\psi||^2) + V` at one configuration.
+
+    Args:
+        log_psi: ``log_psi(params, positions (n, 3)) -> scalar`` (module contract).
+        params: its parameters.
+        positions: ``(n, 3)`` floating-point positions.
+        method: the Laplacian method (:data:`beyondgrad.laplacian.METHODS`).
+        key: the PRNG key of ``method="hutchinson"`` (required there, refused with
+            the other methods).
+        omega: the trap frequency.
+
+    Returns:
+        The local energy, a scalar.
+
+    Raises:
+        ValueError: bad shapes (``positions`` not ``(n, 3)``, ``log_psi`` not scalar,
+            parameters made for another number of electrons when ``log_psi`` checks
+            them), an unknown method, a key missing or given to the wrong method.
+        TypeError: ``log_psi`` not callable, integer positions, a bad key or omega.
+    """
     _check_log_psi(log_psi)
     positions = check_positions(positions)
+    omega = _check_omega(omega)
+    check_method(method)
+    _check_wavefunction(log_psi, params, positions)
     kin = kinetic_energy(
         lambda x: log_psi(params, x), positions, method=method, key=key
     )
     return kin + potential_energy(positions, omega=omega)
+
+
+def _check_wavefunction(
+    log_psi: Callable[[Params, jax.Array], jax.Array],
+    params: Params,
+    positions: jax.Array,
+) -> None:
+    """Evaluate ``log_psi`` abstractly on one configuration: it must give a real scalar.
+
+    Traces ``log_psi`` once (no FLOPs); errors of ``log_psi`` itself (e.g. parameters
+    made for another number of electrons) propagate unchanged.
+    """
+    x = jax.ShapeDtypeStruct(positions.shape, positions.dtype)
+    out = jax.eval_shape(log_psi, params, x)
+    shape = getattr(out, "shape", None)
+    if shape != ():
+        got = shape if shape is not None else type(out).__name__
+        raise ValueError(
+            f"log_psi(params, positions) must return the scalar log|psi| of one "
+            f"configuration of shape {tuple(positions.shape)}, got {got}; the VMC "
+            "functions batch over walkers themselves"
+        )
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        raise TypeError(
+            f"log_psi must return a real floating-point log|psi|, got dtype {out.dtype}"
+            " (for a complex wavefunction return log|psi|, e.g. with jnp.abs)"
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -88,15 +179,45 @@ class _CompiledPerFunction:
     closes over, e.g. parameters) and its compiled programs alive, and fails on callables
     that define ``__eq__`` without ``__hash__``. Here the key is the function's identity,
     held through a weak reference, plus hashable settings; the cached program reaches
-    the function only through that weak reference. A function that cannot be weakly
-    referenced is compiled for the call and not cached.
+    the function only through that weak reference.
+
+    A bound method (``model.log_psi``) is a new object at every attribute access, so
+    its own identity would miss the cache on every call. It is keyed on the identities
+    of its function and its instance, ``(__func__, __self__)``, and held by a
+    ``weakref.WeakMethod``: the entry goes when the instance (or the function) does.
+    A function that cannot be weakly referenced is compiled for the call and not cached.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref, dict[Hashable, Callable]]] = {}
+        self._entries: dict[
+            Hashable, tuple[Callable[[], Callable | None], dict[Hashable, Callable]]
+        ] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def programs(self, fn: Callable) -> dict[Hashable, Callable]:
+        """The programs cached for ``fn`` (empty if none): a view for tests."""
+        entry = self._entries.get(self._key(fn))
+        return {} if entry is None or not self._alive(entry[0], fn) else entry[1]
+
+    @staticmethod
+    def _key(fn: Callable) -> Hashable:
+        if inspect.ismethod(fn):
+            return ("method", id(fn.__func__), id(fn.__self__))
+        return ("function", id(fn))
+
+    @staticmethod
+    def _alive(ref: Callable[[], Callable | None], fn: Callable) -> bool:
+        """Whether ``ref`` still points at ``fn`` (for a method: the same pair)."""
+        target = ref()
+        if inspect.ismethod(fn):
+            return (
+                inspect.ismethod(target)
+                and target.__func__ is fn.__func__
+                and target.__self__ is fn.__self__
+            )
+        return target is fn
 
     def get(
         self,
@@ -105,19 +226,23 @@ class _CompiledPerFunction:
         build: Callable[[Callable[[], Callable]], Callable],
     ) -> Callable:
         """The program ``build(get_fn)`` for ``(fn, settings)``; ``get_fn()`` returns ``fn``."""
-        try:
-            ref = weakref.ref(fn)
-        except TypeError:  # not weakly referenceable: no caching
-            return build(lambda: fn)
-        key = id(fn)
+        key = self._key(fn)
         entry = self._entries.get(key)
-        if entry is None or entry[0]() is not fn:
+        if entry is None or not self._alive(entry[0], fn):
 
-            def forget(dead: weakref.ref, key: int = key) -> None:
-                if self._entries.get(key, (None,))[0] is dead:
+            def forget(dead: object, key: Hashable = key) -> None:
+                current = self._entries.get(key)
+                if current is not None and current[0] is dead:
                     del self._entries[key]
 
-            ref = weakref.ref(fn, forget)
+            ref: Callable[[], Callable | None]
+            try:
+                if inspect.ismethod(fn):
+                    ref = weakref.WeakMethod(fn, forget)
+                else:
+                    ref = weakref.ref(fn, forget)
+            except TypeError:  # not weakly referenceable: no caching
+                return build(lambda: fn)
             entry = (ref, {})
             self._entries[key] = entry
         programs = entry[1]
@@ -142,20 +267,48 @@ _PROGRAMS = _CompiledPerFunction()
 def _check_log_psi(log_psi: object) -> None:
     if not callable(log_psi):
         raise TypeError(
-            f"log_psi must be a function log_psi(params, positions (n, 3)) -> scalar, got "
-            f"{type(log_psi).__name__} (e.g. pass wavefunctions.mlp_log_psi)"
+            "log_psi must be a function log_psi(params, positions (n, 3)) -> scalar, "
+            f"got {type(log_psi).__name__} (e.g. pass wavefunctions.mlp_log_psi)"
         )
 
 
-def _check_walkers(walkers: jax.Array) -> jax.Array:
+def _check_walkers(walkers: object) -> jax.Array:
     walkers = walkers if isinstance(walkers, jax.Array) else jnp.asarray(walkers)
     if walkers.ndim != 3 or walkers.shape[2] != 3:
-        raise ValueError(f"walkers must have shape (batch, n, 3), got {walkers.shape}")
+        raise ValueError(
+            f"walkers must have shape (batch, n, 3), got {walkers.shape} (one "
+            "configuration of shape (n, 3)? add a batch axis: walkers[None])"
+        )
+    if walkers.shape[0] < 1 or walkers.shape[1] < 1:
+        raise ValueError(
+            f"walkers must hold at least one walker of at least one electron, got "
+            f"shape {walkers.shape}"
+        )
     if not jnp.issubdtype(walkers.dtype, jnp.floating):
         raise TypeError(
-            f"walkers must be a floating-point array, got dtype {walkers.dtype}"
+            f"walkers must be a floating-point array, got dtype {walkers.dtype} "
+            "(cast with walkers.astype(jnp.float32))"
         )
     return walkers
+
+
+def _check_params(params: Params) -> None:
+    """Every leaf of ``params`` must be floating-point (a gradient is taken)."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    if not leaves:
+        raise ValueError(
+            "params has no arrays: pass the wavefunction's parameters, e.g. "
+            "wavefunctions.init_params(key, n)"
+        )
+    for path, leaf in leaves:
+        dtype = jnp.result_type(leaf)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            where = jax.tree_util.keystr(path) or "params"
+            raise TypeError(
+                f"params{where if where != 'params' else ''} has dtype {dtype}; the "
+                "parameters must be floating-point to be differentiated (cast with "
+                ".astype(jnp.float32), or make them with jnp.float32 values)"
+            )
 
 
 def sample_walkers(
@@ -170,21 +323,40 @@ def sample_walkers(
     r"""Move ``walkers`` ``(B, n, 3)`` by ``steps`` Metropolis steps towards :math:`|\psi|^2`.
 
     Each step proposes :math:`x' = x + \sigma\,\xi` for every walker (Gaussian
-    :math:`\xi`, :math:`\sigma` = ``step_size``, symmetric) and accepts it with probability
-    :math:`\min\big(1, |\psi(x')|^2/|\psi(x)|^2\big) = \min\big(1, e^{2(\log|\psi(x')| - \log|\psi(x)|)}\big)`,
-    so :math:`|\psi|^2` is the chain's stationary distribution. This is where VMC evaluates
-    local energies: walkers from :math:`|\psi|^2` rarely sit near a node, unlike arbitrary
-    points. Returns ``(walkers, acceptance rate)`` (the rate averaged over steps and walkers).
+    :math:`\xi`, :math:`\sigma` = ``step_size``, symmetric) and accepts it with
+    probability :math:`\min\big(1, |\psi(x')|^2/|\psi(x)|^2\big) =
+    \min\big(1, e^{2(\log|\psi(x')| - \log|\psi(x)|)}\big)`, so :math:`|\psi|^2` is
+    the chain's stationary distribution. This is where VMC evaluates local energies:
+    walkers from :math:`|\psi|^2` rarely sit near a node, unlike arbitrary points.
+
+    Args:
+        log_psi: ``log_psi(params, positions (n, 3)) -> scalar`` (module contract).
+        params: its parameters.
+        walkers: ``(B, n, 3)`` floating-point starting positions.
+        key: a PRNG key (``jax.random.key(0)``).
+        steps: the number of Metropolis steps, a positive int.
+        step_size: the proposal's standard deviation :math:`\sigma > 0`.
+
+    Returns:
+        ``(walkers (B, n, 3), acceptance rate ())``, the rate averaged over steps and
+        walkers.
+
+    Raises:
+        TypeError: ``log_psi`` not callable, ``key`` not a PRNG key, integer walkers.
+        ValueError: walkers not ``(B, n, 3)``, ``steps`` or ``step_size`` not
+            positive, ``log_psi`` not scalar on one walker, or parameters made for
+            another number of electrons (when ``log_psi`` checks them).
     """
     _check_log_psi(log_psi)
     walkers = _check_walkers(walkers)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    check_key(key)
+    _check_positive_int(steps, "steps", "the number of Metropolis steps")
     if isinstance(step_size, bool) or not (
         isinstance(step_size, (int, float)) and step_size > 0
     ):
         raise ValueError(
-            f"step_size must be a positive number (a proposal standard deviation), got {step_size!r}"
+            "step_size must be a positive number (a proposal standard deviation), "
+            f"got {step_size!r}"
         )
     chain = _PROGRAMS.get(
         log_psi, ("metropolis", steps), functools.partial(_metropolis, steps=steps)
@@ -196,7 +368,9 @@ def _metropolis(get_log_psi: Callable[[], Callable], *, steps: int) -> Callable:
     def chain(
         params: Params, walkers: jax.Array, key: jax.Array, sigma: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
-        batch_log_psi = jax.vmap(get_log_psi(), in_axes=(None, 0))
+        log_psi = get_log_psi()
+        _check_wavefunction(log_psi, params, walkers[0])  # at trace time only
+        batch_log_psi = jax.vmap(log_psi, in_axes=(None, 0))
 
         def step(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
             x, logp, accepted = carry
@@ -219,15 +393,16 @@ def _metropolis(get_log_psi: Callable[[], Callable], *, steps: int) -> Callable:
     return jax.jit(chain)
 
 
-def _check_estimator(estimator: str) -> None:
-    if estimator not in ("vmc", "direct"):
+def _check_estimator(estimator: object) -> None:
+    if not isinstance(estimator, str) or estimator not in ("vmc", "direct"):
         raise ValueError(f"estimator must be 'vmc' or 'direct', got {estimator!r}")
 
 
 def _check_omega(omega: object) -> float:
     if isinstance(omega, bool) or not isinstance(omega, (int, float)):
         raise TypeError(
-            f"omega must be a Python number (the trap frequency), got {type(omega).__name__}"
+            "omega must be a Python number (the trap frequency), got "
+            f"{type(omega).__name__}"
         )
     return float(omega)
 
@@ -238,8 +413,28 @@ def walker_keys(key: jax.Array, count: int, *, first: jax.Array | int = 0) -> ja
     ``first`` is the global index of this batch's first walker (``axis_index * count``
     inside ``shard_map``), so every walker on every shard gets its own probes and a
     sharded run draws exactly the probes of the single-device run.
+
+    Args:
+        key: a PRNG key (``jax.random.key(0)``), concrete or traced.
+        count: the number of walkers in this batch, a positive int.
+        first: the global index of the batch's first walker (an int or a traced int).
+
+    Returns:
+        ``count`` keys, shaped like ``key`` with a leading ``count`` axis.
+
+    Raises:
+        TypeError: ``key`` is not a PRNG key.
+        ValueError: ``count`` is not a positive int.
     """
+    check_key(key)
+    _check_positive_int(count, "count", "the number of walkers")
     return jax.vmap(lambda b: jax.random.fold_in(key, b))(first + jnp.arange(count))
+
+
+def _check_positive_int(value: object, name: str, meaning: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int ({meaning}), got {value!r}")
+    return value
 
 
 def _step(
@@ -323,15 +518,30 @@ def _batch_energy_and_grad(
 
 
 def _check_step_input(
-    log_psi: object, method: str, estimator: str, key: object
-) -> None:
+    log_psi: object,
+    params: Params,
+    walkers: object,
+    method: str,
+    estimator: str,
+    key: object,
+) -> jax.Array:
+    """The checks shared by :func:`energy_and_grad` and :func:`sharded_energy_and_grad`."""
     _check_log_psi(log_psi)
-    _check_method(method)
+    check_method(method)
     _check_estimator(estimator)
-    if method == "hutchinson" and key is None:
+    if method == "hutchinson":
+        if key is None:
+            raise ValueError(
+                "method='hutchinson' needs a PRNG key: pass key=jax.random.key(0)"
+            )
+        check_key(key)
+    elif key is not None:
         raise ValueError(
-            "method='hutchinson' needs a PRNG key: pass key=jax.random.key(0)"
+            f"key applies only to method='hutchinson', not to method={method!r}, "
+            "which would ignore it: drop key or use method='hutchinson'"
         )
+    _check_params(params)
+    return _check_walkers(walkers)
 
 
 def energy_and_grad(
@@ -344,16 +554,37 @@ def energy_and_grad(
     key: jax.Array | None = None,
     omega: float = 1.0,
 ) -> tuple[jax.Array, Params]:
-    """Mean local energy over ``walkers`` ``(B, n, 3)`` and its parameter gradient, on one device.
+    """Mean local energy over ``walkers`` and its parameter gradient, on one device.
 
-    ``log_psi(params, positions)`` takes ``(n, 3)`` positions. ``estimator="vmc"`` (default)
-    returns :math:`\\frac2B\\sum_b (E_L(x_b)-\\bar E)\\nabla_\\theta\\log|\\psi(x_b)|`;
-    ``"direct"`` returns :math:`\\nabla_\\theta \\frac1B\\sum_b E_L(x_b)`. ``method`` picks the
-    Laplacian; ``"hutchinson"`` needs ``key`` and gives walker ``b`` the probes of
-    ``fold_in(key, b)`` (:func:`walker_keys`), so the noise averages over the batch.
+    ``estimator="vmc"`` (default) returns
+    :math:`\\frac2B\\sum_b (E_L(x_b)-\\bar E)\\nabla_\\theta\\log|\\psi(x_b)|`;
+    ``"direct"`` returns :math:`\\nabla_\\theta \\frac1B\\sum_b E_L(x_b)`. ``method``
+    picks the Laplacian; ``"hutchinson"`` needs ``key`` and gives walker ``b`` the
+    probes of ``fold_in(key, b)`` (:func:`walker_keys`), so the noise averages over the
+    batch. The step is compiled once per ``(log_psi, method, estimator, omega)`` (and
+    per shape and dtype), bound methods included (module docstring).
+
+    Args:
+        log_psi: ``log_psi(params, positions (n, 3)) -> scalar`` (module contract).
+        params: its parameters, a pytree of floating-point arrays.
+        walkers: ``(B, n, 3)`` floating-point positions, ``B >= 1``.
+        method: the Laplacian method (:data:`beyondgrad.laplacian.METHODS`).
+        estimator: ``"vmc"`` or ``"direct"``.
+        key: the PRNG key of ``method="hutchinson"`` (refused with other methods).
+        omega: the trap frequency, a Python number.
+
+    Returns:
+        ``(mean local energy (), gradient)``, the gradient shaped like ``params``.
+
+    Raises:
+        ValueError: walkers not ``(B, n, 3)``; an unknown method or estimator; a key
+            missing or given to another method; ``log_psi`` not scalar on one walker;
+            parameters made for another number of electrons (when ``log_psi`` checks
+            them, as :func:`~beyondgrad.wavefunctions.mlp_log_psi` does).
+        TypeError: ``log_psi`` not callable; integer walkers or parameters; a bad key
+            or omega.
     """
-    _check_step_input(log_psi, method, estimator, key)
-    walkers = _check_walkers(walkers)
+    walkers = _check_step_input(log_psi, params, walkers, method, estimator, key)
     settings = ("one device", method, estimator, _check_omega(omega))
 
     def build(get_log_psi: Callable[[], Callable]) -> Callable:
@@ -382,7 +613,7 @@ def sharded_energy_and_grad(
     global batch size. The loss is thus the same global mean as on one device, and
     the gradient of the invariant parameters (whose transpose already sums over the
     shards) equals the single-device gradient. No ``pmean`` is applied to it: that would
-    be the Chapter 4 device-count bug. Returns invariant (replicated) outputs.
+    be the Chapter 4 device-count bug.
 
     ``mesh`` may come from ``jax.make_mesh`` with its default axis types (Explicit on
     new JAX, Auto on 0.8) or from :func:`beyondgrad.runtime.demo_mesh`; ``params`` and
@@ -391,23 +622,39 @@ def sharded_energy_and_grad(
     ``method="hutchinson"`` walker ``b`` of the global batch gets ``fold_in(key, b)``
     (shard ``s`` starts at ``b = s * local batch``, from ``lax.axis_index``): the same
     probes as :func:`energy_and_grad` on one device.
+
+    Args:
+        log_psi, params, walkers, method, estimator, key, omega: as for
+            :func:`energy_and_grad`; the number of walkers must be divisible by the
+            size of the mesh axis ``axis_name``.
+        mesh: a ``jax.sharding.Mesh`` that has the axis ``axis_name``.
+        axis_name: the mesh axis the walkers are split over.
+
+    Returns:
+        ``(mean local energy (), gradient)``, invariant (replicated) over the mesh.
+
+    Raises:
+        ValueError: as :func:`energy_and_grad`; ``axis_name`` not an axis of ``mesh``;
+            the number of walkers not divisible by that axis' size.
+        TypeError: as :func:`energy_and_grad`; ``mesh`` not a ``Mesh``.
     """
-    _check_step_input(log_psi, method, estimator, key)
-    walkers = _check_walkers(walkers)
+    walkers = _check_step_input(log_psi, params, walkers, method, estimator, key)
     if not isinstance(mesh, jax.sharding.Mesh):
         raise TypeError(
-            f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}; make one with "
-            "jax.make_mesh((jax.device_count(),), ('data',)) or runtime.demo_mesh()"
+            f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}; make one "
+            "with jax.make_mesh((jax.device_count(),), ('data',)) or "
+            "runtime.demo_mesh()"
         )
     if not isinstance(axis_name, str) or axis_name not in mesh.axis_names:
         raise ValueError(
-            f"axis_name {axis_name!r} is not an axis of the mesh {tuple(mesh.axis_names)}"
+            f"axis_name {axis_name!r} is not an axis of the mesh "
+            f"{tuple(mesh.axis_names)}"
         )
     size = mesh.shape[axis_name]
     if walkers.shape[0] % size:
         raise ValueError(
-            f"the number of walkers ({walkers.shape[0]}) must be divisible by the size of mesh axis "
-            f"{axis_name!r} ({size})"
+            f"the number of walkers ({walkers.shape[0]}) must be divisible by the "
+            f"size of mesh axis {axis_name!r} ({size})"
         )
     settings = (
         "sharded",

@@ -1,9 +1,31 @@
-"""A ready-made wavefunction for Chapter 5: the Slater determinant of MLP orbitals
-times Gaussian envelopes, with its parameters, and the orbitals' derivatives by hand
-(:func:`mlp_slater_laplacian`: the classical quantum Monte Carlo route).
+r"""A ready-made wavefunction for Chapter 5: the Slater determinant of MLP orbitals
+times Gaussian envelopes, its parameters, and its Laplacian by hand.
 
-A wavefunction is a function ``log_psi(params, positions) -> scalar`` of ``(n, 3)``
-positions; :func:`mlp_log_psi` is one, with parameters from :func:`init_params`.
+The model, for ``n`` electrons at positions :math:`r_1..r_n` (rows of an ``(n, 3)``
+array) and a hidden width :math:`H`:
+
+.. math::
+   \varphi_j(r) &= \big(\tanh(rW_1+b_1)\,W_2 + b_2 + rW_l\big)_j\,
+       e^{-s_j|r|^2/2}, \qquad s = \mathrm{softplus}(d),\\
+   \log|\psi(r_1..r_n)| &= \log\big|\det[\varphi_j(r_i)]_{ij}\big|,
+
+with :math:`W_1` ``(3, H)``, :math:`b_1` ``(H,)``, :math:`W_2` ``(H, n)``, :math:`b_2`
+``(n,)``, :math:`W_l` ``(3, n)`` and :math:`d` ``(n,)``. Each orbital reads one
+electron, so the row formula of :mod:`beyondgrad.slater` applies, and the envelopes
+make :math:`\psi` normalisable in the harmonic trap of :mod:`beyondgrad.vmc`.
+
+Contract
+--------
+* :func:`init_params` makes the parameters, a dict of the six arrays above, for a
+  given number of electrons; the parameters fix ``n``.
+* :func:`mlp_log_psi` is a wavefunction in the sense of :mod:`beyondgrad.vmc`:
+  ``log_psi(params, positions (n, 3)) -> scalar``. It checks (at trace time, no
+  FLOPs) that ``positions`` holds as many electrons as ``params`` was made for, and
+  says so with both numbers when it does not.
+* :func:`mlp_orbitals` maps positions ``(..., 3)`` to orbital values ``(..., n)``.
+* :func:`mlp_slater_laplacian` gives :math:`(\log|\psi|, \nabla\log|\psi|,
+  \Delta\log|\psi|)` with the orbitals differentiated by hand (the classical quantum
+  Monte Carlo route), exact and :math:`O(n^3 + n^2H)`.
 """
 
 from __future__ import annotations
@@ -14,6 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from beyondgrad.laplacian import check_key
 from beyondgrad.slater import check_positions, logdet_and_inverse, slater_log_psi
 
 __all__ = [
@@ -37,9 +60,21 @@ def init_params(
     1, x, y, z) times their envelopes, so keep ``hidden`` comfortably above ``n``: with
     ``hidden + 4 < n`` the determinant is close to 0 everywhere.
 
-    Returns ``{"w1": (3, hidden), "b1": (hidden,), "w2": (hidden, n), "b2": (n,),
-    "wl": (3, n), "decay": (n,)}``.
+    Args:
+        key: a PRNG key (``jax.random.key(0)``).
+        n_electrons: the number of electrons (and orbitals), a positive int.
+        hidden: the hidden width :math:`H`, a positive int.
+        dtype: a floating-point dtype.
+
+    Returns:
+        ``{"w1": (3, hidden), "b1": (hidden,), "w2": (hidden, n), "b2": (n,),
+        "wl": (3, n), "decay": (n,)}``.
+
+    Raises:
+        TypeError: ``key`` is not a PRNG key; ``dtype`` is not floating-point.
+        ValueError: ``n_electrons`` or ``hidden`` is not a positive int.
     """
+    check_key(key)
     if (
         isinstance(n_electrons, bool)
         or not isinstance(n_electrons, int)
@@ -48,6 +83,15 @@ def init_params(
         raise ValueError(f"n_electrons must be a positive int, got {n_electrons!r}")
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
         raise ValueError(f"hidden must be a positive int, got {hidden!r}")
+    try:
+        floating = jnp.issubdtype(dtype, jnp.floating)
+    except TypeError:
+        floating = False
+    if not floating:
+        raise TypeError(
+            f"dtype must be a floating-point dtype (jnp.float32 or jnp.float64), got "
+            f"{dtype!r}"
+        )
     k1, k2, k3, k4, k5 = jax.random.split(key, 5)
     n = n_electrons
     return {
@@ -57,9 +101,8 @@ def init_params(
         / jnp.sqrt(jnp.asarray(hidden, dtype)),
         "b2": 0.1 * jax.random.normal(k4, (n,), dtype),
         "wl": jax.random.normal(k5, (3, n), dtype),
-        "decay": jnp.linspace(
-            -1.0, 1.0, n, dtype=dtype
-        ),  # distinct envelope widths per orbital
+        # distinct envelope widths per orbital
+        "decay": jnp.linspace(-1.0, 1.0, n, dtype=dtype),
     }
 
 
@@ -81,7 +124,29 @@ def _mlp_parts(
 
 
 def mlp_orbitals(params: Params, r: jax.Array) -> jax.Array:
-    """:math:`\\varphi(r) = (\\tanh(rW_1+b_1)W_2 + b_2 + rW_l)\\,\\odot\\,e^{-\\mathrm{softplus}(d)|r|^2/2}`, shape ``(n,)``."""
+    """The orbitals :math:`\\varphi(r) = (\\tanh(rW_1+b_1)W_2 + b_2 + rW_l)\\odot e^{-\\mathrm{softplus}(d)|r|^2/2}`.
+
+    Args:
+        params: from :func:`init_params`.
+        r: positions ``(..., 3)``, floating-point (one electron: ``(3,)``).
+
+    Returns:
+        The ``n`` orbital values at each position, ``(..., n)``.
+
+    Raises:
+        ValueError: ``r``'s last axis is not 3; ``params`` lacks the layout of
+            :func:`init_params`.
+        TypeError: ``r`` or ``params`` is not floating-point.
+    """
+    _check_mlp_params(params)
+    r = jnp.asarray(r)
+    if r.ndim < 1 or r.shape[-1] != 3:
+        raise ValueError(
+            f"r must hold positions along a last axis of size 3, shape (..., 3), got "
+            f"{r.shape}"
+        )
+    if not jnp.issubdtype(r.dtype, jnp.floating):
+        raise TypeError(f"r must be floating-point, got dtype {r.dtype}")
     _, u, envelope, _, _ = _mlp_parts(params, r)
     return u * envelope
 
@@ -96,22 +161,54 @@ _MLP_SHAPES = {
 }
 
 
-def _check_mlp_params(params: Params, n: int) -> None:
-    """Raise ``ValueError`` unless ``params`` has the :func:`init_params` layout for ``n`` electrons."""
+def _params_electrons(params: Params) -> int:
+    """The number of electrons ``params`` was made for (the length of ``b2``)."""
     if not isinstance(params, dict) or set(params) != set(_MLP_SHAPES):
         got = sorted(params) if isinstance(params, dict) else type(params).__name__
         raise ValueError(
-            f"params must be the dict of init_params with keys {sorted(_MLP_SHAPES)}, got {got}"
+            f"params must be the dict of init_params with keys {sorted(_MLP_SHAPES)}, "
+            f"got {got}"
         )
+    shape = jnp.shape(params["b2"])
+    if len(shape) != 1:
+        raise ValueError(
+            f"params['b2'] must have shape (n,) (one entry per electron), got {shape}"
+        )
+    return int(shape[0])
+
+
+def _check_mlp_params(params: Params, n: int | None = None) -> int:
+    """Check ``params`` has the :func:`init_params` layout; return its electron count.
+
+    With ``n`` given (the electrons of the positions), a different count is an error
+    naming both numbers.
+    """
+    made_for = _params_electrons(params)
+    if n is not None and made_for != n:
+        raise ValueError(
+            f"params were made for {made_for} electrons (init_params(key, {made_for}))"
+            f" but the positions hold {n} electrons: make the parameters with "
+            f"init_params(key, {n}) or pass positions of shape ({made_for}, 3)"
+        )
+    n = made_for
     hidden = jnp.shape(params["w1"])[-1] if jnp.ndim(params["w1"]) == 2 else None
     sizes = {"3": 3, "H": hidden, "n": n}
     for name, dims in _MLP_SHAPES.items():
         want = tuple(sizes[d] for d in dims)
         if jnp.shape(params[name]) != want:
             raise ValueError(
-                f"params[{name!r}] must have shape {want} for {n} electrons and hidden width {hidden} "
-                f"(as made by init_params(key, {n}, hidden=...)), got {jnp.shape(params[name])}"
+                f"params[{name!r}] must have shape {want} for {n} electrons and hidden "
+                f"width {hidden} (as made by init_params(key, {n}, hidden=...)), got "
+                f"{jnp.shape(params[name])}"
             )
+    for name in _MLP_SHAPES:
+        dtype = jnp.result_type(params[name])
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(
+                f"params[{name!r}] has dtype {dtype}; the parameters must be "
+                "floating-point (make them with init_params)"
+            )
+    return n
 
 
 def mlp_slater_laplacian(
@@ -138,7 +235,19 @@ def mlp_slater_laplacian(
     :math:`B` into the read-out :math:`W_2` first leaves three ``(n, n) x (n, H)`` products
     (:math:`u`, :math:`C`, :math:`D`) where forward mode needs five (value, three
     gradient components, Laplacian) and forward-over-forward more. Exact, :math:`O(n^3 + n^2H)`,
-    valid for :func:`mlp_orbitals` only; :func:`slater_laplacian` takes any orbitals.
+    valid for :func:`mlp_orbitals` only; :func:`~beyondgrad.slater.slater_laplacian` takes any orbitals.
+
+    Args:
+        params: from :func:`init_params` for ``n`` electrons.
+        positions: ``(n, 3)`` floating-point positions.
+
+    Returns:
+        ``(log|ψ| (), ∇log|ψ| (n, 3), Δlog|ψ| ())``.
+
+    Raises:
+        ValueError: ``positions`` not ``(n, 3)``; ``params`` made for another number
+            of electrons or without the layout of :func:`init_params`.
+        TypeError: integer positions or parameters.
     """
     positions = check_positions(positions)
     n = positions.shape[0]
@@ -168,5 +277,20 @@ def mlp_slater_laplacian(
 
 
 def mlp_log_psi(params: Params, positions: jax.Array) -> jax.Array:
-    """log|ψ| of the Slater determinant of :func:`mlp_orbitals`; ``positions`` ``(n, 3)``."""
+    """:math:`\\log|\\det[\\varphi_j(r_i)]|` for the orbitals of :func:`mlp_orbitals`.
+
+    Args:
+        params: from :func:`init_params` for ``n`` electrons.
+        positions: ``(n, 3)`` floating-point positions.
+
+    Returns:
+        :math:`\\log|\\psi|`, a scalar.
+
+    Raises:
+        ValueError: ``positions`` not ``(n, 3)``, or holding another number of
+            electrons than ``params`` was made for (both numbers are named).
+        TypeError: integer positions or parameters.
+    """
+    positions = check_positions(positions)
+    _check_mlp_params(params, positions.shape[0])
     return slater_log_psi(functools.partial(mlp_orbitals, params), positions)
