@@ -75,7 +75,7 @@ def global_inputs():
     """
     import jax
 
-    from beyondgrad.slater import init_params
+    from beyondgrad.wavefunctions import init_params
 
     params = init_params(
         jax.random.key(SEED), N_ELECTRONS, hidden=HIDDEN, dtype=np.float64
@@ -104,7 +104,8 @@ def run_single(local_devices: int) -> dict:
     from jax.sharding import PartitionSpec as P
 
     from beyondgrad import runtime
-    from beyondgrad.slater import energy_and_grad, mlp_log_psi, sharded_energy_and_grad
+    from beyondgrad.vmc import energy_and_grad, sharded_energy_and_grad
+    from beyondgrad.wavefunctions import mlp_log_psi
 
     params, walkers = global_inputs()
     energy, grad = energy_and_grad(
@@ -134,7 +135,8 @@ def run_multi(
     from jax.sharding import PartitionSpec as P
 
     from beyondgrad import compat
-    from beyondgrad.slater import mlp_log_psi, sharded_energy_and_grad
+    from beyondgrad.vmc import sharded_energy_and_grad
+    from beyondgrad.wavefunctions import mlp_log_psi
 
     # 1. Join the job. Process 0 also runs the coordinator service; by default it
     #    listens on every interface, so the test binds it to loopback explicitly.

@@ -24,8 +24,8 @@ estimator :math:`\frac2B\sum_b (E_L(x_b)-\bar E)\nabla_\theta\log|\psi(x_b)|`
 gradient of the batch mean of :math:`E_L` (differentiating through the Laplacian): a
 different quantity, right for a fixed set of points, not for the variational energy.
 
-Contract
---------
+The wavefunction contract
+-------------------------
 * ``log_psi(params, positions)`` takes a pytree ``params`` and one configuration
   ``positions`` of shape ``(n, 3)`` (electron ``i`` at ``positions[i]``) and returns
   the real scalar :math:`\log|\psi|`; it must be a JAX-traceable pure function. The

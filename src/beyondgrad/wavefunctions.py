@@ -14,8 +14,8 @@ with :math:`W_1` ``(3, H)``, :math:`b_1` ``(H,)``, :math:`W_2` ``(H, n)``, :math
 electron, so the row formula of :mod:`beyondgrad.slater` applies, and the envelopes
 make :math:`\psi` normalisable in the harmonic trap of :mod:`beyondgrad.vmc`.
 
-Contract
---------
+What it provides
+----------------
 * :func:`init_params` makes the parameters, a dict of the six arrays above, for a
   given number of electrons; the parameters fix ``n``.
 * :func:`mlp_log_psi` is a wavefunction in the sense of :mod:`beyondgrad.vmc`:
@@ -67,8 +67,9 @@ def init_params(
         dtype: a floating-point dtype.
 
     Returns:
-        ``{"w1": (3, hidden), "b1": (hidden,), "w2": (hidden, n), "b2": (n,),
-        "wl": (3, n), "decay": (n,)}``.
+        A dict of six arrays, by key and shape: ``w1`` ``(3, hidden)``, ``b1``
+        ``(hidden,)``, ``w2`` ``(hidden, n)``, ``b2`` ``(n,)``, ``wl`` ``(3, n)`` and
+        ``decay`` ``(n,)``.
 
     Raises:
         TypeError: ``key`` is not a PRNG key; ``dtype`` is not floating-point.
