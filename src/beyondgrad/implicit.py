@@ -588,8 +588,8 @@ def deq_params(
         raise TypeError(f"deq_params: dtype must be a floating dtype, got {dtype!r}")
     if not isinstance(key, jax.Array):
         raise TypeError(
-            "deq_params: key must be a PRNG key array, e.g. jax.random.PRNGKey(0) or "
-            f"jax.random.key(0), got {type(key).__name__}"
+            "deq_params: key must be a PRNG key array, e.g. jax.random.key(0), "
+            f"got {type(key).__name__}"
         )
     kw, ku, kb, kx = jax.random.split(key, 4)
     q, r = jnp.linalg.qr(jax.random.normal(kw, (d, d), dtype))

@@ -619,6 +619,24 @@ def custom_root_int_aux() -> str:
 
 @_probe(
     CH3,
+    "How the API got its shape",
+    "custom_root with tangent_solve=None, called without any differentiation",
+)
+def seed002_custom_root_tangent_solve_none() -> str:
+    import jax.numpy as jnp
+    from jax import lax
+
+    a, b = jnp.array([[2.0, 1.0], [1.0, 3.0]]), jnp.ones(2)
+    x_direct = jnp.linalg.solve(a, b)
+    no_solver: Any = None  # the case under test: custom_root's annotation forbids it
+    sol = lax.custom_root(
+        lambda y: a @ y - b, jnp.zeros_like(b), lambda f, x0: x_direct, no_solver
+    )
+    return _short(sol)
+
+
+@_probe(
+    CH3,
     "A deep-equilibrium layer",
     "jax_threefry_partitionable's default, the context manager, and a key's draws",
 )

@@ -335,7 +335,7 @@ def exercise3_params() -> dict[str, jax.Array]:
     """The DEQ parameters of Exercise 3.3 (float64, d=8; contraction factor 0.95)."""
     with jax.enable_x64(True):
         return deq_params(
-            jax.random.PRNGKey(3), d=8, d_in=3, radius=0.95, dtype=jnp.float64
+            jax.random.key(3), d=8, d_in=3, radius=0.95, dtype=jnp.float64
         )
 
 

@@ -57,7 +57,7 @@ def _tolerance_problem() -> tuple[dict[str, jax.Array], jax.Array]:
     """The widget's DEQ layer (float64, d=16) and its exact ``∂(Σ z*)/∂b`` (computed once)."""
     with jax.enable_x64(True):
         params = deq_params(
-            jax.random.PRNGKey(0), d=16, d_in=4, radius=0.9, dtype=jnp.float64
+            jax.random.key(0), d=16, d_in=4, radius=0.9, dtype=jnp.float64
         )
         z_ref, _ = fixed_point(
             deq_layer, jnp.zeros(16), params, tol=1e-14, max_iter=10_000
@@ -162,9 +162,7 @@ def benchmark_implicit_vs_unrolled(
             "iteration_counts must be a non-empty tuple of ints >= 1, e.g. (100, 1000), "
             f"got {iteration_counts!r}"
         )
-    params = deq_params(
-        jax.random.PRNGKey(0), d=d, d_in=16, radius=0.99, input_scale=0.1
-    )
+    params = deq_params(jax.random.key(0), d=d, d_in=16, radius=0.99, input_scale=0.1)
     z0 = jnp.zeros((d,), jnp.float32)
     c = jnp.linspace(-1.0, 1.0, d, dtype=jnp.float32)
     w = params["W"]
@@ -242,7 +240,7 @@ def compare_solvers(
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
         raise ValueError(f"tol must be a Python float > 0, e.g. 1e-5, got {tol!r}")
     params = deq_params(
-        jax.random.PRNGKey(0), d=d, d_in=16, radius=radius, input_scale=input_scale
+        jax.random.key(0), d=d, d_in=16, radius=radius, input_scale=input_scale
     )
     z0 = jnp.zeros((d,), jnp.float32)
     c = jnp.linspace(-1.0, 1.0, d, dtype=jnp.float32)
