@@ -27,6 +27,7 @@ from beyondgrad import (
     raises,
     runtime,
     sharding,
+    slater,
     tracers,
     vmc,
     wavefunctions,
@@ -497,6 +498,12 @@ CASES = [
         lambda: raises.resolve_exception("NoSuchError", {}),
         ValueError,
         ("'NoSuchError'", "import it first", "full dotted name"),
+    ),
+    Case(
+        "row_sums-gradient-orbital-last",
+        lambda: slater.row_sums(jnp.eye(3), jnp.zeros((3, 3, 2)), jnp.zeros((3, 3))),
+        ValueError,
+        ("(n, 3, n)", "orbital_jets", "(3, 3, 2)"),
     ),
 ]
 
