@@ -67,7 +67,7 @@ Usage::
 
     python benchmarks/laplacian.py                 # n in 8 16 32 64, 3 families
     python benchmarks/laplacian.py --quick         # n in 8 16 32, fewer methods and repeats
-    python benchmarks/laplacian.py --record        # also write figures/laplacian_benchmark.json
+    python benchmarks/laplacian.py --record        # also write src/beyondgrad/figures/laplacian_benchmark.json
 """
 
 from __future__ import annotations
