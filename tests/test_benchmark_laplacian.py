@@ -183,7 +183,6 @@ def test_check_targets_reads_the_rows(bench, capsys):
         "ratio_folx_best": True,
         "ratio_parts": True,
         "ratio_flops_floor": True,
-        "rel_err": True,
     }
     assert large["growth_exponent"] == pytest.approx(4.0)  # 16x for 2x the size
     assert large["ratio_parts"] == pytest.approx(2.0)  # 16 / (4 + 4)
