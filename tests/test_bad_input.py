@@ -800,6 +800,12 @@ CASES = [
         ValueError,
         ("1-D", "(2, 3)", "reshape(-1)"),
     ),
+    Case(
+        "row_sums-gradient-orbital-last",
+        lambda: slater.row_sums(jnp.eye(3), jnp.zeros((3, 3, 2)), jnp.zeros((3, 3))),
+        ValueError,
+        ("(n, 3, n)", "orbital_jets", "(3, 3, 2)"),
+    ),
 ]
 
 

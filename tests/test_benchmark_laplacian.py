@@ -87,9 +87,15 @@ def test_benchmark_run_rows_and_record(bench, tmp_path, monkeypatch, capsys):
         "ratio_log_psi",
         "ratio_folx_best",
         "temp_bytes",
+        "flops",
         "rel_err",
     }
     assert all(set(r) == keys for r in rows)
+    # the parts of slater_laplacian, timed in the same run, with their flops
+    parts = record["parts"]
+    assert [p["part"] for p in parts] == list(bench.PARTS)
+    assert all(p["min_ms"] > 0 and p["flops"] > 0 for p in parts)
+    assert record["target_checks"] == []  # targets are stated at n = 32 and 64 only
     assert {r["method"] for r in rows} == {
         "log|psi|",
         *bench.method_fns("pw-jastrow", 3),
@@ -148,27 +154,44 @@ def test_hutchinson_row_error_is_the_statistical_error(bench):
 
 
 def test_check_targets_reads_the_rows(bench, capsys):
-    def row(n, method, ms, folx, logpsi, err):
+    def row(n, ms, folx, flops, err):
         return {
             "family": "f",
             "n": n,
-            "method": method,
+            "method": "slater_laplacian",
             "min_ms": ms,
             "median_ms": ms,
             "ratio_folx_best": folx,
-            "ratio_log_psi": logpsi,
-            "temp_bytes": 0,
+            "ratio_log_psi": 2.0,
+            "temp_bytes": 2**20,
+            "flops": flops,
             "rel_err": err,
         }
 
-    rows = [
-        row(32, "slater_laplacian", 1.0, 0.4, 2.5, 2e-6),
-        row(64, "slater_laplacian", 16.0, 0.6, 3.5, 2e-5),
-    ]
-    results = bench.check_targets(rows)
+    def part(n, name, ms, flops):
+        return {"family": "f", "n": n, "part": name, "min_ms": ms, "flops": flops}
+
+    rows = [row(32, 1.0, 0.4, 110.0, 2e-6), row(64, 16.0, 0.6, 1000.0, 2e-5)]
+    parts = [part(32, p, 0.5, 50.0) for p in ("orbitals", "LU+inverse")]
+    parts += [part(64, p, 4.0, 400.0) for p in ("orbitals", "LU+inverse")]
+    results = bench.check_targets(rows, parts)
     assert [r["n"] for r in results] == [32, 64]
-    assert results[1]["growth_exponent"] == pytest.approx(4.0)
+    small, large = results
+    assert small["ratio_parts"] == pytest.approx(1.0)  # 1.0 / (0.5 + 0.5)
+    assert small["ratio_flops_floor"] == pytest.approx(1.1)  # 110 / (50 + 50)
+    assert small["pass"] == {
+        "ratio_folx_best": True,
+        "ratio_parts": True,
+        "ratio_flops_floor": True,
+    }
+    assert large["growth_exponent"] == pytest.approx(4.0)  # 16x for 2x the size
+    assert large["ratio_parts"] == pytest.approx(2.0)  # 16 / (4 + 4)
+    assert large["ratio_flops_floor"] == pytest.approx(1.25)  # 1000 / 800
+    assert not any(large["pass"].values())
+    bench.print_targets(results)
     out = capsys.readouterr().out
-    assert "ratio_folx_best 0.4 (<= 0.5: met)" in out
-    assert "ratio_folx_best 0.6 (<= 0.5: NOT met)" in out
-    assert "growth_exponent 4 (<= 3: NOT met)" in out
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("n "))
+    for column in ("x folx", "x parts", "x floor", "growth", "temp MiB"):
+        assert column in header
+    assert "0.40 PASS" in out and "0.60 MISS" in out
+    assert "4.00 MISS" in out  # the growth exponent

@@ -38,7 +38,9 @@ __all__ = [
     "logdet_and_inverse",
     "orbital_derivatives",
     "orbital_derivatives_fwdfwd",
+    "orbital_jets",
     "row_formula",
+    "row_sums",
     "slater_laplacian",
     "slater_log_psi",
     "slater_matrix",
@@ -259,16 +261,23 @@ def orbital_derivatives(
 
     One forward-Laplacian pass (:func:`forward_laplacian`) per electron, over its 3
     coordinates. Shapes ``(n, n)``, ``(n, n, 3)``, ``(n, n)``, indexed ``[i, j]`` =
-    electron, orbital.
+    electron, orbital (:func:`orbital_jets` is the same with the gradient as
+    ``(n, 3, n)``, the layout :func:`slater_laplacian` contracts).
     """
-    phi, dphi, lphi = _orbital_derivatives_rows_first(orbitals, positions)
+    phi, dphi, lphi = orbital_jets(orbitals, positions)
     return phi, jnp.moveaxis(dphi, 1, -1), lphi
 
 
-def _orbital_derivatives_rows_first(
+def orbital_jets(
     orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """:func:`orbital_derivatives` with the gradient as ``(n, 3, n)`` (electron, coordinate, orbital)."""
+    """:func:`orbital_derivatives` with the gradient as ``(n, 3, n)`` (electron, coordinate, orbital).
+
+    The first of the three parts of :func:`slater_laplacian`: the forward Laplacian of
+    ``orbitals`` at one position, ``jax.vmap``-ed over the ``n`` electrons, so each
+    of the orbitals' operations runs once on all electrons together (a matrix product
+    of the orbitals becomes one batched product, not ``n`` small ones).
+    """
     positions = check_positions(positions)
     _check_orbitals(orbitals, positions)
     jet = jax.vmap(lambda r: forward_jet(orbitals, r))(positions)
@@ -319,17 +328,31 @@ def row_formula(
             f"expected shapes (n, n), (n, n, 3), (n, n) as returned by orbital_derivatives, "
             f"got {phi.shape}, {dphi.shape}, {lphi.shape}"
         )
-    return _row_formula_rows_first(phi, jnp.moveaxis(dphi, -1, 1), lphi)
-
-
-def _row_formula_rows_first(
-    phi: jax.Array, dphi: jax.Array, lphi: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """:func:`row_formula` with the gradient as ``(n, 3, n)`` (electron, coordinate, orbital)."""
     logdet, b = logdet_and_inverse(phi)
+    grad, lap = row_sums(b, jnp.moveaxis(dphi, -1, 1), lphi)
+    return logdet, grad, lap
+
+
+def row_sums(
+    b: jax.Array, dphi: jax.Array, lphi: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The row formula's sums, given :math:`B = A^{-1}` and :func:`orbital_jets`' derivatives.
+
+    ``(∇log|det A|, Δlog|det A|)``, shapes ``(n, 3)`` and scalar:
+    :math:`g_{i} = \\sum_j B_{ji}\\,\\nabla\\varphi_j(r_i)` and
+    :math:`\\sum_{i,j} B_{ji}\\,\\Delta\\varphi_j(r_i) - \\sum_i |g_i|^2`;
+    ``dphi`` is ``(n, 3, n)`` (electron, coordinate, orbital). :math:`O(n^2)`: the
+    third part of :func:`slater_laplacian`, after the orbitals and the inverse.
+    """
+    n = b.shape[0] if b.ndim else 0
+    if b.shape != (n, n) or dphi.shape != (n, 3, n) or lphi.shape != (n, n):
+        raise ValueError(
+            "expected shapes (n, n), (n, 3, n), (n, n) (the inverse and orbital_jets' "
+            f"derivatives), got {b.shape}, {dphi.shape}, {lphi.shape}"
+        )
     grad = jnp.einsum("ji,idj->id", b, dphi)
     lap = jnp.einsum("ji,ij->", b, lphi) - jnp.sum(grad * grad)
-    return logdet, grad, lap
+    return grad, lap
 
 
 def slater_laplacian(
@@ -339,10 +362,12 @@ def slater_laplacian(
 
     Electron :math:`i` only enters row :math:`i` of :math:`A`, so the derivatives of
     :math:`\\log|\\det A|` need only the orbitals' own value, gradient and Laplacian at
-    each electron (:func:`orbital_derivatives`: one forward-Laplacian pass per electron
-    over its 3 coordinates) and :math:`A^{-1}` (:func:`row_formula`: one LU factorisation
-    gives both :math:`\\log|\\det A|` and :math:`A^{-1}`). ``orbitals`` is any JAX
-    function ``r (3,) -> (n,)``; no hand-written derivatives are needed.
+    each electron and :math:`A^{-1}`. Three parts, each usable alone:
+    :func:`orbital_jets` (one forward-Laplacian pass per electron over its 3
+    coordinates, batched over the electrons), :func:`logdet_and_inverse` (one LU
+    factorisation gives both :math:`\\log|\\det A|` and :math:`A^{-1}`) and
+    :func:`row_sums`. ``orbitals`` is any JAX function ``r (3,) -> (n,)``; no
+    hand-written derivatives are needed.
 
     Shapes: scalar, ``(n, 3)``, scalar. Only valid when each orbital depends on one
     electron: orbitals of all electrons at once (as in FermiNet) are rejected with a
@@ -351,9 +376,10 @@ def slater_laplacian(
     Laplacian of the whole log|ψ| with ``laplacian.grad_and_laplacian`` or
     :func:`~beyondgrad.forward_laplacian.forward_laplacian`.
     """
-    return _row_formula_rows_first(
-        *_orbital_derivatives_rows_first(orbitals, positions)
-    )
+    phi, dphi, lphi = orbital_jets(orbitals, positions)
+    logdet, b = logdet_and_inverse(phi)
+    grad, lap = row_sums(b, dphi, lphi)
+    return logdet, grad, lap
 
 
 def logdet_and_inverse(a: jax.Array) -> tuple[jax.Array, jax.Array]:
