@@ -1232,6 +1232,41 @@ def seed000_split_unused_grad() -> str:
     return _short(out)
 
 
+@_probe(
+    CH5,
+    "5.8 Inside shard_map: the seed",
+    "jax#33947 variant: the first piece of the split dropped instead of the second",
+)
+def seed000_split_unused_head_grad() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    def f(x):
+        _unused, used = jnp.split(x, 2)
+        return jnp.sum(jnp.sin(used))
+
+    out = _shard_map(jax.grad(f), _mesh(), _P("data"), _P("data"))(jnp.arange(16.0))
+    return _short(out)
+
+
+@_probe(
+    CH5,
+    "5.8 Inside shard_map: the seed",
+    "jax#33947 variant: the same grad of an invariant input (in_specs=P()), "
+    "check still on",
+)
+def seed000_split_unused_invariant_grad() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    def f(x):
+        used, _unused = jnp.split(x, 2)
+        return jnp.sum(jnp.sin(used))
+
+    out = _shard_map(jax.grad(f), _mesh(), _P(), _P())(jnp.arange(4.0))
+    return _short(out)
+
+
 #: The folx release of the seed's report era (folx#40 was fixed in 0.2.28; 0.2.27 was
 #: never published). The runner installs it apart from the environment's own folx and
 #: names the directory in this variable; without it the probe is "unavailable".
