@@ -6,7 +6,8 @@ array) and a hidden width :math:`H`:
 
 .. math::
    \varphi_j(r) &= \big(\tanh(rW_1+b_1)\,W_2 + b_2 + rW_l\big)_j\,
-       e^{-s_j|r|^2/2}, \qquad s = \mathrm{softplus}(d),\\
+       e^{-s_j|r|^2/2},\\
+   s &= \mathrm{softplus}(d),\\
    \log|\psi(r_1..r_n)| &= \log\big|\det[\varphi_j(r_i)]_{ij}\big|,
 
 with :math:`W_1` ``(3, H)``, :math:`b_1` ``(H,)``, :math:`W_2` ``(H, n)``, :math:`b_2`
