@@ -54,6 +54,7 @@ VERSIONS: dict[str, str] = {
 DEFAULT_PYTHON = "3.11.7"
 PROBE_TIMEOUT_S = 120.0
 _lock = threading.Lock()
+_uv_lock = threading.Lock()  # versions install in threads: uv itself is installed once
 
 
 def say(msg: str) -> None:
@@ -133,10 +134,11 @@ def uv() -> str:
         return found
     tool = ENVS / "_uv"
     exe = tool / "bin" / "uv"
-    if not exe.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(tool)], check=True)
-        pip = [str(tool / "bin" / "python"), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, "--disable-pip-version-check", "uv"], check=True)
+    with _uv_lock:  # another thread may be writing exe: wait for it to finish
+        if not exe.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(tool)], check=True)
+            pip = [str(tool / "bin" / "python"), "-m", "pip", "install", "-q"]
+            subprocess.run([*pip, "--disable-pip-version-check", "uv"], check=True)
     return str(exe)
 
 
