@@ -25,6 +25,7 @@ from tools.execute import (
     RunAllStopped,
     executed_notebook,
     executed_student_notebook,
+    implied_run_all,
     run_all,
     run_all_cached,
 )
@@ -464,6 +465,96 @@ def test_run_all_stops_at_the_first_error_despite_the_tag(tmp_path):
     said = str(stopped.value)
     assert said.startswith("stops.ipynb: Run all stopped at cell 2 (code cell 2 of 3)")
     assert "KeyError: 1" in said and "{}[x]" in said
+
+
+def _executed(*cells: tuple[str, list[str], bool]):
+    """A source execution: (code, tags, errored) per cell, outputs as nbclient writes."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    for n, (code, tags, errored) in enumerate(cells, start=1):
+        cell = nbformat.v4.new_code_cell(code, execution_count=n)
+        if tags:
+            cell.metadata["tags"] = tags
+        if errored:
+            cell.outputs = [nbformat.v4.new_output("error", ename="E", evalue="")]
+        nb.cells.append(cell)
+    return nb
+
+
+def _self_study(done):
+    """The self-study notebook of ``done``: build-only cells left out, no outputs."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    for c in done.cells:
+        tags = c.metadata.get("tags", [])
+        if "remove-cell" in tags and not book.only_imports(c.source):
+            continue
+        nb.cells.append(nbformat.v4.new_code_cell(c.source))
+    return nb
+
+
+_GLUE = (
+    "glue('n', len(xs), display=False)\nassert n_seen == 3",
+    ["remove-cell"],
+    False,
+)
+
+
+@pytest.mark.parametrize(
+    "build_only",
+    [
+        _GLUE,
+        ("from beyondgrad import drift\nfor v in drift.versions():\n    glue(v, 1)",
+         ["remove-cell"], False),
+        ("tmp = 7\nfor o in xs:\n    print(o)", ["remove-cell"], False),
+    ],
+)  # fmt: skip
+def test_run_all_is_implied_by_an_execution_with_inert_build_cells(build_only):
+    """Run all of the self-study notebook is read from the source's execution (no second
+    run) when the left-out cells only glue, assert, print or bind names no later cell
+    reads before rebinding them (``o`` and ``tmp`` are rebound first below)."""
+    done = _executed(
+        ("xs = [1, 2, 3]\nn_seen = len(xs)", [], False),
+        build_only,
+        ("%%raises KeyError\n{}[xs[0]]", [], False),
+        ("tmp = [o + 1 for o in xs]\nfor o in tmp:\n    print(o)", [], False),
+    )
+    nb = implied_run_all(done, _self_study(done))
+    assert nb is not None
+    assert [c.execution_count for c in nb.cells] == [1, 3, 4]
+
+
+@pytest.mark.parametrize(
+    "why, cells",
+    [
+        ("a build-only cell binds a name read later",
+         [("xs = [1]", [], False), ("xs = [2]", ["remove-cell"], False),
+          ("print(xs)", [], False)]),
+        ("a build-only cell changes state otherwise",
+         [("import jax", [], False),
+          ("jax.config.update('jax_enable_x64', True)", ["remove-cell"], False),
+          ("print(jax.numpy.ones(1).dtype)", [], False)]),
+        ("a build-only cell writes into an object",
+         [("d = {}", [], False), ("d['k'] = 1", ["remove-cell"], False),
+          ("print(d)", [], False)]),
+        ("a cell errored in the execution",
+         [("x = 1", [], False), ("{}[x]", [], True)]),
+        ("an error was allowed by the tag",
+         [("x = 1", [], False), ("{}[x]", ["raises-exception"], False)]),
+    ],
+)  # fmt: skip
+def test_run_all_is_run_when_the_execution_does_not_imply_it(why, cells):
+    done = _executed(*cells)
+    assert implied_run_all(done, _self_study(done)) is None, why
+
+
+def test_run_all_is_run_when_the_notebook_differs_from_the_source():
+    done = _executed(("x = 1", [], False), _GLUE)
+    nb = _self_study(done)
+    nb.cells[0].source = "x = 2"
+    assert implied_run_all(done, nb) is None
 
 
 @pytest.mark.timeout(900)

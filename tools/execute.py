@@ -10,17 +10,21 @@ names it.
 
 from __future__ import annotations
 
+import ast
+import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tools.book import (
+    REMOVE_TAG,
     ROOT,
     build_dir,
     cached_execution,
     chapter_sources,
     expected_exception,
+    only_imports,
     raised_exception,
     solution_exercises,
     student_path,
@@ -152,9 +156,211 @@ def stopped_at(nb, path: Path, error: Exception) -> str:
     return f"{path.name}: Run all stopped: {str(error)[-1500:]}"
 
 
+#: What a build-only cell may call at its top level and still be inert for Run all.
+_INERT_CALLS = {"glue", "print", "display"}
+_LINE_MAGIC = re.compile(r"^(\s*)%+\w+\s?(.*)$")
+
+
+def _python_of(cell_source: str) -> ast.Module | None:
+    """The Python of a code cell: a ``%%magic`` line dropped (its body is Python here:
+    ``%%raises``), ``%magic args`` read as ``args``, shell lines dropped."""
+    lines = cell_source.splitlines()
+    if lines and lines[0].startswith("%%"):
+        lines = lines[1:]
+    body = []
+    for ln in lines:
+        if ln.lstrip().startswith("!"):
+            continue
+        m = _LINE_MAGIC.match(ln)
+        body.append(f"{m.group(1)}{m.group(2)}" if m else ln)
+    try:
+        return ast.parse("\n".join(body))
+    except SyntaxError:
+        return None
+
+
+def _locally_bound(stmt: ast.AST) -> set[str]:
+    """Names bound inside scopes nested in ``stmt`` (comprehension targets, arguments and
+    assignments of functions and lambdas): their loads there do not read the kernel's."""
+    names: set[str] = set()
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.comprehension):
+            names |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+                if arg is not None:
+                    names.add(arg.arg)
+            if not isinstance(node, ast.Lambda):
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                        names.add(sub.id)
+    return names
+
+
+def _free_loads(stmt: ast.stmt) -> set[str]:
+    """Names ``stmt`` may read from the kernel (a ``for`` target is bound before its body)."""
+
+    def loads(nodes: list) -> set[str]:
+        found = {
+            n.id
+            for node in nodes
+            for n in ast.walk(node)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
+        return found - set().union(*(_locally_bound(node) for node in nodes))
+
+    if isinstance(stmt, ast.For):
+        target = {n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)}
+        return loads([stmt.iter]) | (loads([*stmt.body, *stmt.orelse]) - target)
+    return loads([stmt])
+
+
+def _top_level_binds(stmt: ast.stmt) -> set[str]:
+    """Names a top-level statement always binds (assignments, imports, definitions)."""
+    if isinstance(stmt, ast.Import | ast.ImportFrom):
+        return {(a.asname or a.name).split(".")[0] for a in stmt.names}
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {stmt.name}
+    if isinstance(stmt, ast.Assign | ast.AnnAssign):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _read_before_bound(names: set[str], later_cells: list[str]) -> bool:
+    """Whether a later cell may read one of ``names`` before rebinding it (walked in
+    order, statement by statement; a name rebound at a cell's top level is no longer
+    watched; a cell that is not Python counts as reading everything)."""
+    watched = set(names)
+    for source in later_cells:
+        if not watched:
+            return False
+        tree = _python_of(source)
+        if tree is None:
+            return True
+        for stmt in tree.body:
+            if _free_loads(stmt) & watched:
+                return True
+            watched -= _top_level_binds(stmt)
+    return False
+
+
+def _bound_names(node: ast.AST) -> set[str] | None:
+    """Names a build-only statement binds, or None if it may change kernel state
+    otherwise (anything but imports, assignments to names, asserts, calls of
+    :data:`_INERT_CALLS`, and ``for``/``if`` made of those)."""
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    if isinstance(node, ast.Assert):
+        return set()
+    if isinstance(node, ast.Expr):
+        call = node.value
+        ok = isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+        return set() if ok and call.func.id in _INERT_CALLS else None  # type: ignore[union-attr]
+    if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names: set[str] = set()
+        for t in targets:
+            for sub in ast.walk(t):
+                if isinstance(sub, ast.Attribute | ast.Subscript | ast.Starred):
+                    return None  # writes into an object a later cell may read
+                if isinstance(sub, ast.Name):
+                    names.add(sub.id)
+        return names
+    if isinstance(node, ast.FunctionDef):
+        return {node.name}
+    if isinstance(node, ast.For | ast.If):
+        names = set()
+        if isinstance(node, ast.For):
+            names |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+        for child in [*node.body, *node.orelse]:
+            inner = _bound_names(child)
+            if inner is None:
+                return None
+            names |= inner
+        return names
+    return None
+
+
+def _code_lines(source: str) -> list[str]:
+    """A code cell's lines without full-line comments (the self-study notebook retitles
+    each solution's first comment line as a Colab form title)."""
+    return [ln for ln in source.splitlines() if not ln.lstrip().startswith("#")]
+
+
+def run_all_implied_by_build(path: Path):
+    """The self-study notebook's *Run all*, read from an execution of its source, or None.
+
+    ``chapters/X.ipynb`` is ``chapters/X.md`` with the build-only cells (tagged
+    ``remove-cell``) left out and each solution's first comment line retitled. The book
+    build and ``dev.py chapter`` execute ``X.md`` top to bottom with ``allow_errors``
+    off; so when (1) a fresh execution of ``X.md`` exists (:func:`fresh_executed_notebook`)
+    in which every code cell ran and none shows an error, (2) no cell carries the
+    ``raises-exception`` tag, (3) the notebook's code cells are the source's in order,
+    less the build-only ones (a cell that only imports is kept), and (4) every left-out cell is inert (it only imports,
+    assigns names, asserts, glues or prints: :func:`_bound_names`) and binds no name
+    that a later kept cell mentions, then *Run all* of the notebook runs the same code
+    in the same order with the same state, and its outcome is that execution's.
+    Otherwise None, and the caller runs the notebook (:func:`run_all`).
+    """
+    import nbformat
+
+    path = Path(path).resolve()
+    source = path.with_suffix(".md")
+    if path.parent != ROOT / "chapters" or not source.exists():
+        return None
+    done = fresh_executed_notebook(source)
+    if done is None:
+        return None
+    return implied_run_all(done, nbformat.read(path, as_version=4))
+
+
+def implied_run_all(done, nb):
+    """``nb`` (a self-study notebook) with the outputs of ``done`` (an execution of its
+    source with ``allow_errors`` off) if that execution implies *Run all* of ``nb``
+    (conditions 1-4 of :func:`run_all_implied_by_build`), else None."""
+    ran = [c for c in done.cells if c.cell_type == "code"]
+    for c in ran:
+        tags = c.get("metadata", {}).get("tags", [])
+        if "raises-exception" in tags or not c.get("execution_count"):
+            return None
+        if any(o.get("output_type") == "error" for o in c.get("outputs", [])):
+            return None
+    mine = [c for c in nb.cells if c.cell_type == "code"]
+    kept, left_out = [], []
+    for k, c in enumerate(ran):
+        tags = c.get("metadata", {}).get("tags", [])
+        build_only = REMOVE_TAG in tags and not only_imports(c.source)
+        (left_out if build_only else kept).append((k, c))
+    if len(kept) != len(mine) or any(
+        _code_lines(c.source) != _code_lines(m.source) for (_, c), m in zip(kept, mine)
+    ):
+        return None
+    for k, c in left_out:
+        try:
+            body = ast.parse(c.source).body
+        except SyntaxError:
+            return None
+        bound: set[str] = set()
+        for node in body:
+            names = _bound_names(node)
+            if names is None:
+                return None
+            bound |= names
+        if _read_before_bound(bound, [kc.source for j, kc in kept if j > k]):
+            return None
+    for (_, c), m in zip(kept, mine):
+        m.outputs = c.get("outputs", [])
+        m.execution_count = c.get("execution_count")
+    return nb
+
+
 def run_all_cached(path: Path, timeout: int = 600):
     """:func:`run_all` of a generated notebook, kept in the build folder until the
-    notebook or the package changes (each notebook runs once per environment)."""
+    notebook or the package changes (each notebook runs once per environment); a
+    self-study notebook whose Run all the book build already performed
+    (:func:`run_all_implied_by_build`) is not run again."""
     import nbformat
 
     path = Path(path).resolve()
@@ -166,6 +372,9 @@ def run_all_cached(path: Path, timeout: int = 600):
     candidate = test_cache() / "run_all" / rel
     if candidate.exists() and candidate.stat().st_mtime >= newest:
         return nbformat.read(candidate, as_version=4)
+    nb = run_all_implied_by_build(path)
+    if nb is not None:  # the book build's execution already was this Run all
+        return nb
     nb = run_all(path, timeout)
     _write_atomically(nb, candidate)
     return nb
