@@ -510,6 +510,16 @@ def check_finite_grad(
         slope, ref_slope, rtol=BUMP_RTOL, atol=BUMP_ATOL, name="gradient on the grid"
     )
     problems = [_with_x(p) for p in problems]
+    tiny_right = (BUMP_GRID > 0) & (BUMP_GRID < 1e-5)
+    slope_np = (
+        np.asarray(slope, np.float64) if np.shape(slope) == BUMP_GRID.shape else None
+    )
+    if slope_np is not None and not np.isfinite(slope_np[tiny_right]).all():
+        problems.append(
+            "the gradient is not finite for tiny x > 0 (the right end of part (a)): "
+            "there the *selected* branch is exp(-1/x) = 0 times an infinite x**-2, so "
+            "a where on the other branch cannot help; keep 1/x**2 finite for tiny x"
+        )
     success = (
         f"values and jit(vmap(grad)) match e^(-1/x) and e^(-1/x)/x^2 (0 for x <= 0) at "
         f"{len(BUMP_GRID)} points of [-2, 2] (down to |x| = "
