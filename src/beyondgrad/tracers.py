@@ -19,8 +19,11 @@ The reusable ideas of Chapter 1 ("Tracers and concreteness"):
 
 "Concrete" is JAX's own test, :func:`beyondgrad.compat.concrete_value`: for autodiff
 tracers (``JVPTracer``, ``LinearizeTracer``) it is the concrete value of the primal,
-recursively; for ``jit`` and ``vmap`` tracers it is ``None``. The exercise checkers are
-in :mod:`beyondgrad.exercises.ch1`, the widget callback in :mod:`beyondgrad.figures.ch1`.
+recursively; an eager ``shard_map`` tracer (``ShardMapTracer``) answers for a value
+invariant over every mesh axis; for ``jit`` and ``vmap`` tracers it is ``None``
+(``compat.concreteness_answerers`` lists the classes that answer). The exercise
+checkers are in :mod:`beyondgrad.exercises.ch1`, the widget callback in
+:mod:`beyondgrad.figures.ch1`.
 """
 
 from __future__ import annotations

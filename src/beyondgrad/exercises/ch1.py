@@ -31,6 +31,7 @@ __all__ = [
     "BUMP_ATOL",
     "BUMP_GRID",
     "BUMP_RTOL",
+    "BUMP_TINY",
     "FIX_JIT_ATOL",
     "FIX_JIT_CALLS",
     "FIX_JIT_MAX_N",
@@ -313,13 +314,19 @@ def check_predict_retraces(
 # Exercise 1.3
 # --------------------------------------------------------------------------------------
 
+#: Points of exercise 1.3 (b) next to 0, inside the NaN interval of part (a) on both
+#: sides: right of 0 the NaN is in the *selected* branch (``exp(-1/x) = 0`` times an
+#: infinite ``x**-2``), so a ``where`` on the other branch alone does not remove it.
+BUMP_TINY: tuple[float, ...] = (-1e-30, 1e-30, 1e-20, 1e-10)
 #: Grid of exercise 1.3 (float32): every 0.01 on [-0.5, 0.5], so a ``where`` threshold
-#: off by 0.02 or more moves the value at some point; plus points out to ±2.
+#: off by 0.02 or more moves the value at some point; points out to ±2; and
+#: :data:`BUMP_TINY` (last, so the first wrong point reported stays the nearest one).
 BUMP_GRID: np.ndarray = np.concatenate(
     [
         [-2.0, -1.0, -0.75],
         np.arange(-50, 51) / 100,
         [0.75, 1.0, 1.5, 2.0],
+        BUMP_TINY,
     ]
 ).astype(np.float32)
 #: Accuracy required in exercise 1.3: a float32 ``exp(-1/x)`` and its derivative differ
@@ -332,9 +339,12 @@ BUMP_RTOL, BUMP_ATOL = 1e-5, 1e-30
 def bump(x: jax.Array) -> jax.Array:
     """``exp(-1/x)`` for ``x > 0`` and ``0`` otherwise, with one ``jnp.where``.
 
-    Smooth (every derivative is 0 at 0 from both sides), but its gradient is NaN at
-    ``x ≤ 0``: the transpose of ``where`` sends a zero cotangent into the unselected
-    ``exp(-1/x)``, whose derivative ``exp(-1/x)/x²`` is not finite there.
+    Smooth (every derivative is 0 at 0 from both sides), but its float32 gradient is
+    NaN on an interval around 0 (:func:`nan_interval_measured`; exercise 1.3 (a)).
+    Left of 0 the transpose of ``where`` sends a zero cotangent into the unselected
+    ``exp(-1/x)``, which overflows to ``inf`` for ``-0.0113 < x < 0``; right of 0,
+    for ``x`` below about ``1.08e-19``, the selected branch itself multiplies
+    ``exp(-1/x) = 0`` by ``x**-2 = inf``.
     """
     return jnp.where(x > 0, jnp.exp(-1.0 / x), 0.0)
 
@@ -384,8 +394,10 @@ def nan_interval_measured() -> tuple[float, float]:
     """``(a, b)``: float32 ``jax.grad(bump)(x)`` is NaN exactly for ``a <= x <= b``.
 
     Measured on the running JAX by bisection (the NaN set is one interval around 0: the
-    left end is where ``exp(-1/x)`` overflows, the right end where a power of ``1/x``
-    does). Called by :func:`check_nan_interval`; not a value to copy into an answer.
+    left end is where ``exp(-1/x)`` overflows, ``-1/log(finfo.max)``; the right end is
+    where ``x*x`` in ``x**-2`` drops below the smallest normal float32 and is flushed
+    to zero, ``sqrt(finfo.tiny)``, on the CPU backend). Called by
+    :func:`check_nan_interval`; not a value to copy into an answer.
     """
     return -_bisect_magnitude(-1.0), _bisect_magnitude(1.0)
 
@@ -459,7 +471,8 @@ def check_finite_grad(
 
     Any method is accepted. Checks ``answer`` at one float32 scalar (it must return a
     JAX scalar, not a Python number), then ``vmap(answer)`` and
-    ``jit(vmap(grad(answer)))`` on :data:`BUMP_GRID` against the float64 closed forms
+    ``jit(vmap(grad(answer)))`` on :data:`BUMP_GRID` (which includes the tiny
+    magnitudes :data:`BUMP_TINY`) against the float64 closed forms
     ``e^{-1/x}`` and ``e^{-1/x}/x²`` (0 for ``x ≤ 0``), within relative error
     :data:`BUMP_RTOL`. A NaN or infinity anywhere is reported with its first position.
     """
@@ -497,9 +510,20 @@ def check_finite_grad(
         slope, ref_slope, rtol=BUMP_RTOL, atol=BUMP_ATOL, name="gradient on the grid"
     )
     problems = [_with_x(p) for p in problems]
+    tiny_right = (BUMP_GRID > 0) & (BUMP_GRID < 1e-5)
+    slope_np = (
+        np.asarray(slope, np.float64) if np.shape(slope) == BUMP_GRID.shape else None
+    )
+    if slope_np is not None and not np.isfinite(slope_np[tiny_right]).all():
+        problems.append(
+            "the gradient is not finite for tiny x > 0 (the right end of part (a)): "
+            "there the *selected* branch is exp(-1/x) = 0 times an infinite x**-2, so "
+            "a where on the other branch cannot help; keep 1/x**2 finite for tiny x"
+        )
     success = (
         f"values and jit(vmap(grad)) match e^(-1/x) and e^(-1/x)/x^2 (0 for x <= 0) at "
-        f"{len(BUMP_GRID)} points of [-2, 2], all finite (relative error <= "
+        f"{len(BUMP_GRID)} points of [-2, 2] (down to |x| = "
+        f"{min(abs(v) for v in BUMP_TINY):g}), all finite (relative error <= "
         f"{BUMP_RTOL:g})"
     )
     return exercises.verdict(EX3, problems, success=success, strict=strict)
