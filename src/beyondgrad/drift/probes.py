@@ -987,7 +987,20 @@ def pbroadcast_type() -> str:
 
 @_probe(
     CH4,
-    "4.5 Casting by hand",
+    "4.8 `check_vma=False`",
+    "the jax_auto_pcast option and its default value (where it exists)",
+)
+def auto_pcast_default() -> str:
+    import jax
+
+    if "jax_auto_pcast" not in jax.config.values:
+        return "no jax_auto_pcast option"
+    return f"jax_auto_pcast={jax.config.values['jax_auto_pcast']}"
+
+
+@_probe(
+    CH4,
+    "4.8 `check_vma=False`",
     "psum of an invariant value with jax_auto_pcast=False (the option, where it exists)",
 )
 def auto_pcast_off_psum_invariant() -> str:
