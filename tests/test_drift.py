@@ -355,3 +355,33 @@ def test_same_behaviour_exact_compares_message_and_frame():
     other = drift.Outcome("raises", exc_class="ValueError", message="bad at 0x7f01",
                           frame="jax/_src/core.py:10 f")  # fmt: skip
     assert not a.same_behaviour(other, exact=False)
+
+
+def test_chapter4_type_system_boundaries_pinned():
+    # Issue 24: the onsets Chapter 4's new subsections cite, pinned from the runs.
+    fv = drift.first_version
+    # jax_auto_pcast: absent up to 0.10.0, default True from 0.10.1 on.
+    assert fv("auto_pcast_off_psum_invariant", "raises") == "0.10.1"
+    assert drift.outcome("auto_pcast_default", "0.10.1").value == "jax_auto_pcast=True"
+    assert drift.outcome("auto_pcast_default", JAX_FLOOR).value.startswith("no ")
+    # jax.pmap is jit(shard_map(check_vma=False)) from 0.8.0 (the migration guide's).
+    assert drift.outcome("pmap_traces_to_shard_map", "0.7.2").value == "xla_pmap"
+    assert "check_vma=False" in drift.outcome("pmap_traces_to_shard_map", "0.8.0").value
+    # mul_p's JVP rule became defbilinear's prim.bind in 0.8.1, and the one-line jvp
+    # with an invariant tangent at a varying primal fails exactly from then on.
+    for v in ("0.8.0", "0.8.1"):
+        rule = drift.outcome("mul_jvp_rule", v).value
+        bad = drift.outcome("jvp_invariant_tangent_lax_mul", v)
+        assert ("prim.bind" in rule) == (bad.kind == "raises"), v
+    assert "requires varying manual axes" in (
+        drift.outcome("jvp_invariant_tangent_lax_mul", JAX_FLOOR).message
+    )
+    # the jvp-of-grad HVP of jnp.mean(v**2): returns on 0.10.0, raises from 0.10.1.
+    assert drift.outcome("hvp_invariant_direction_jnp_mean", "0.10.0").kind == "returns"
+    assert drift.outcome("hvp_invariant_direction_jnp_mean", "0.10.1").kind == "raises"
+    # the workarounds return on every release with varying types after 0.6.0.
+    for v in drift.versions()[drift.versions().index("0.6.1") :]:
+        assert drift.outcome("hvp_ones_like_direction", v).kind == "returns", v
+        assert drift.outcome("custom_vjp_psum_cotangent", v).value == (
+            "[2.8301, 2.8725]"
+        ), v

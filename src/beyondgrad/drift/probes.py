@@ -987,7 +987,20 @@ def pbroadcast_type() -> str:
 
 @_probe(
     CH4,
-    "4.5 Casting by hand",
+    "4.8 `check_vma=False`",
+    "the jax_auto_pcast option and its default value (where it exists)",
+)
+def auto_pcast_default() -> str:
+    import jax
+
+    if "jax_auto_pcast" not in jax.config.values:
+        return "no jax_auto_pcast option"
+    return f"jax_auto_pcast={jax.config.values['jax_auto_pcast']}"
+
+
+@_probe(
+    CH4,
+    "4.8 `check_vma=False`",
     "psum of an invariant value with jax_auto_pcast=False (the option, where it exists)",
 )
 def auto_pcast_off_psum_invariant() -> str:
@@ -1209,6 +1222,117 @@ def shard_map_out_specs_unreduced() -> str:
         out = jax.jit(_shard_map(body, mesh, _P("data"), spec))(X)
         r = reshard(out, _P())
     return f"{_typeof(out)} -> {_typeof(r)} {_short(r)}"
+
+
+# Chapter 4, issue 24 (round 4): custom_vjp cotangent types, the minimal form of the
+# Hessian-vector-product failure, a direction that works, and mul's JVP rule.
+
+
+def _custom_vjp_wv(reduce_ct_w: bool) -> str:
+    """grad of sum(sin(w * v)) through a custom_vjp, w invariant (P()), v varying; the
+    bwd rule returns the per-device cotangent of w, psum-ed over 'data' or not."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    class SinWV:  # a callable object: newer JAX's message then names no source file
+        def __call__(self, w, v):
+            return jnp.sin(w * v)
+
+    f = jax.custom_vjp(SinWV())
+
+    def bwd(res, ct):
+        w, v = res
+        ct_w = jnp.cos(w * v) * ct * v
+        if reduce_ct_w:
+            ct_w = lax.psum(ct_w, "data")
+        return ct_w, jnp.cos(w * v) * ct * w
+
+    f.defvjp(lambda w, v: (f(w, v), (w, v)), bwd)
+    g = jax.grad(lambda w, v: jnp.sum(f(w, v)))
+    out = _shard_map(g, _mesh(), (_P(), _P("data")), _P())(
+        jnp.ones(2), jnp.arange(16.0) / 10
+    )
+    return _short(out)
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "custom_vjp bwd returning the per-device (varying) cotangent of an invariant input",
+)
+def custom_vjp_varying_cotangent_invariant_input() -> str:
+    return _custom_vjp_wv(reduce_ct_w=False)
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "the same custom_vjp with the invariant input's cotangent psum-ed inside bwd",
+)
+def custom_vjp_psum_cotangent() -> str:
+    return _custom_vjp_wv(reduce_ct_w=True)
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp(lambda v: lax.mul(v, v)) at a varying primal, invariant tangent jnp.ones "
+    "(no grad: the minimal form of the HVP failure)",
+)
+def jvp_invariant_tangent_lax_mul() -> str:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def body(xb):
+        return jax.jvp(lambda v: lax.mul(v, v), (xb,), (jnp.ones(xb.shape),))[1]
+
+    return _short(_shard_map(body, _mesh(), _P("data"), _P("data"))(jnp.arange(8.0)))
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "jvp(grad(jnp.mean(v**2))) with the direction built by jnp.ones_like(primal)",
+)
+def hvp_ones_like_direction() -> str:
+    import jax
+    import jax.numpy as jnp
+
+    def hvp(xb):
+        grad = jax.grad(lambda v: jnp.mean(v**2))
+        return jax.jvp(grad, (xb,), (jnp.ones_like(xb),))[1]
+
+    x = jnp.arange(16.0) / 10
+    return _short(_shard_map(hvp, _mesh(), _P("data"), _P("data"))(x))
+
+
+@_probe(
+    CH4,
+    "4.6 Autodiff sees the types",
+    "which JVP rule lax.mul_p has: defbilinear's prim.bind (no cast) or lax.mul",
+)
+def mul_jvp_rule() -> str:
+    import inspect
+
+    from jax._src.interpreters import ad
+    from jax._src.lax import lax as lax_internal
+
+    rule = ad.primitive_jvps[lax_internal.mul_p]
+    parts = getattr(rule, "args", ())
+    rules = parts[0] if parts and isinstance(parts[0], (list, tuple)) else ()
+    texts = []
+    for r in rules:
+        try:
+            texts.append(inspect.getsource(r).strip())
+        except (OSError, TypeError):
+            texts.append(repr(r))
+    if texts and all("prim.bind" in s for s in texts):
+        return "prim.bind(g, y) / prim.bind(x, g) (ad.defbilinear: no cast)"
+    if texts and all("mul(" in s for s in texts):
+        return "lax.mul(xdot, y) / lax.mul(x, ydot) (casts to varying)"
+    return "; ".join(s.splitlines()[0][:60] for s in texts) or repr(rule)[:120]
 
 
 # ----------------------------------------------------------------------------- Chapter 5
