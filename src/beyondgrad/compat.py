@@ -57,6 +57,7 @@ __all__ = [
     "pcast_varying",
     "primitive",
     "primitive_names",
+    "scan_counts",
     "uses_custom_root",
     "varying_axes",
     "varying_axes_of_aval",
@@ -513,3 +514,16 @@ def primitive(name: str) -> Any | None:
                 if isinstance(value, Primitive):
                     _PRIMITIVES_BY_NAME.setdefault(value.name, value)
     return _PRIMITIVES_BY_NAME.get(name)
+
+
+def scan_counts(params: Any) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a ``scan`` equation's parameters.
+
+    Up to 0.9.x(*) ``scan`` records them as ``num_consts``/``num_carry``; 0.12 records
+    a flat tree ``ft_in`` of (consts, carry, xs) instead, and the body as an open
+    ``Jaxpr``. (*) checked on 0.8.2 and 0.12; the releases between are not pinned here.
+    """
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts)), len(list(carry))

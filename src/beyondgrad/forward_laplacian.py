@@ -725,6 +725,193 @@ def rules_overridden(rules: Mapping[Primitive, Rule]) -> Iterator[None]:
         RULES.update(saved)
 
 
+# ----------------------------------------------------------------------------- control flow
+# scan, while and cond re-interpret their body on jets. A loop carry must keep one
+# structure across iterations, so each carry is either a Jet in every iteration (its
+# jac and lap always materialised) or a plain array in every iteration: the carries
+# that are Jets are the least fixed point of "the initial value is a Jet, or the body
+# makes it one from the Jets it is given" (found by tracing the body, abstractly).
+
+
+def _flatten(values: Sequence[Any], mask: Sequence[bool]) -> list[jax.Array]:
+    """Jets (where ``mask``) as ``val, jac, lap`` (lap materialised), others as ``val``."""
+    flat: list[jax.Array] = []
+    for value, is_jet in zip(values, mask):
+        if is_jet:
+            flat += [value.val, value.jac, _zeros_if_none(value.lap, value.val)]
+        else:
+            flat.append(value)
+    return flat
+
+
+def _unflatten(flat: Sequence[Any], mask: Sequence[bool]) -> list[Any]:
+    values: list[Any] = []
+    it = iter(flat)
+    for is_jet in mask:
+        values.append(Jet(next(it), next(it), next(it)) if is_jet else next(it))
+    return values
+
+
+def _as_jet(value: Any, d: int) -> Jet:
+    """``value`` as a Jet (a plain value gets zero jac and lap)."""
+    if isinstance(value, Jet):
+        return Jet(value.val, value.jac, _zeros_if_none(value.lap, value.val))
+    value = jnp.asarray(value)
+    return Jet(value, jnp.zeros((d, *value.shape), value.dtype), jnp.zeros_like(value))
+
+
+def _conform(values: Sequence[Any], mask: Sequence[bool], d: int) -> list[Any]:
+    """Promote the values where ``mask`` to Jets (the others must be plain)."""
+    return [_as_jet(v, d) if m else v for v, m in zip(values, mask)]
+
+
+def _jet_mask(values: Sequence[Any]) -> list[bool]:
+    return [isinstance(v, Jet) for v in values]
+
+
+def _out_mask(jaxpr: Any, consts: Sequence[Any], ins: Sequence[Any]) -> list[bool]:
+    """Which outputs of ``jaxpr`` are Jets given ``ins`` (traced abstractly, run never)."""
+    mask: list[bool] = []
+    mask_in = _jet_mask(ins)
+
+    def run(*flat: jax.Array) -> list:
+        outs = _interpret(jaxpr, consts, _unflatten(flat, mask_in))
+        mask[:] = _jet_mask(outs)
+        return [_val(o) for o in outs]
+
+    jax.eval_shape(run, *_flatten(ins, mask_in))
+    return mask
+
+
+def _loop_mask(
+    jaxpr: Any,
+    consts: Sequence[Any],
+    fixed: Sequence[Any],
+    carry: Sequence[Any],
+    extra: Sequence[Any],
+    d: int,
+) -> list[bool]:
+    """The carries that are Jets: least fixed point over the body ``fixed, carry, extra
+    -> carry, ...``."""
+    mask = _jet_mask(carry)
+    while True:
+        outs = _out_mask(jaxpr, consts, [*fixed, *_conform(carry, mask, d), *extra])
+        grown = [m or o for m, o in zip(mask, outs[: len(carry)])]
+        if grown == mask:
+            return mask
+        mask = grown
+
+
+def _scan_rule(eqn: Any, ins: list) -> list:
+    """``scan``: the body runs on jets inside ``lax.scan``; scanned Jets are sliced
+    along their value axis (axis 1 of jac)."""
+    params = eqn.params
+    body, body_consts = _open(params["jaxpr"])
+    n_consts, n_carry = compat.scan_counts(params)
+    consts, init, xs = (
+        ins[:n_consts],
+        ins[n_consts : n_consts + n_carry],
+        ins[n_consts + n_carry :],
+    )
+    d = _jet_dim(ins)
+    xs_mask = _jet_mask(xs)
+    x_slices = [
+        Jet(x.val[0], x.jac[:, 0], _zeros_if_none(x.lap, x.val)[0]) if m else x[0]
+        for x, m in zip(xs, xs_mask)
+    ]
+    mask = _loop_mask(body, body_consts, consts, init, x_slices, d)
+    y_mask = _out_mask(
+        body, body_consts, [*consts, *_conform(init, mask, d), *x_slices]
+    )[n_carry:]
+
+    def step(carry_flat: list, x_flat: list) -> tuple[list, list]:
+        carry = _unflatten(carry_flat, mask)
+        x = _unflatten(x_flat, xs_mask)
+        outs = _interpret(body, body_consts, [*consts, *carry, *x])
+        new = _conform(outs[:n_carry], mask, d)
+        ys = _conform(outs[n_carry:], y_mask, d)
+        return _flatten(new, mask), _flatten(ys, y_mask)
+
+    xs_flat = _flatten(
+        [
+            Jet(x.val, jnp.moveaxis(x.jac, 0, 1), _zeros_if_none(x.lap, x.val))
+            if m
+            else x
+            for x, m in zip(xs, xs_mask)
+        ],
+        xs_mask,
+    )
+    carry_out, ys_flat = lax.scan(
+        step,
+        _flatten(_conform(init, mask, d), mask),
+        xs_flat,
+        length=params["length"],
+        reverse=params["reverse"],
+        unroll=params["unroll"],
+    )
+    ys = [
+        Jet(y.val, jnp.moveaxis(y.jac, 1, 0), y.lap) if m else y
+        for y, m in zip(_unflatten(ys_flat, y_mask), y_mask)
+    ]
+    return [*_unflatten(carry_out, mask), *ys]
+
+
+def _while_rule(eqn: Any, ins: list) -> list:
+    """``while``: the body runs on jets inside ``lax.while_loop``; the condition reads
+    the values only (the trip count is piecewise constant in r)."""
+    params = eqn.params
+    cond, cond_consts_closed = _open(params["cond_jaxpr"])
+    body, body_consts_closed = _open(params["body_jaxpr"])
+    nc, nb = params["cond_nconsts"], params["body_nconsts"]
+    cond_consts = [_val(x) for x in ins[:nc]]
+    body_consts, init = ins[nc : nc + nb], ins[nc + nb :]
+    d = _jet_dim(ins)
+    mask = _loop_mask(body, body_consts_closed, body_consts, init, [], d)
+
+    def cond_fun(carry_flat: list) -> jax.Array:
+        carry = [_val(c) for c in _unflatten(carry_flat, mask)]
+        return _interpret(cond, cond_consts_closed, [*cond_consts, *carry])[0]
+
+    def body_fun(carry_flat: list) -> list:
+        carry = _unflatten(carry_flat, mask)
+        outs = _interpret(body, body_consts_closed, [*body_consts, *carry])
+        return _flatten(_conform(outs, mask, d), mask)
+
+    out = lax.while_loop(cond_fun, body_fun, _flatten(_conform(init, mask, d), mask))
+    return _unflatten(out, mask)
+
+
+def _cond_rule(eqn: Any, ins: list) -> list:
+    """``cond``: every branch runs on jets inside ``lax.switch``; an output is a Jet if
+    any branch makes it one. The index does not depend on r (it is an integer)."""
+    index, ops = _val(ins[0]), ins[1:]
+    branches = [_open(b) for b in eqn.params["branches"]]
+    d = _jet_dim(ins)
+    op_mask = _jet_mask(ops)
+    masks = [_out_mask(j, c, ops) for j, c in branches]
+    mask = [any(col) for col in zip(*masks)]
+
+    def branch_fn(jaxpr: Any, consts: list) -> Callable[..., list]:
+        def run(*flat: jax.Array) -> list:
+            outs = _interpret(jaxpr, consts, _unflatten(flat, op_mask))
+            return _flatten(_conform(outs, mask, d), mask)
+
+        return run
+
+    fns = [branch_fn(j, c) for j, c in branches]
+    out = lax.switch(index, fns, *_flatten(ops, op_mask))
+    return _unflatten(out, mask)
+
+
+RULES.update(
+    {
+        lax.scan_p: Rule("control", _scan_rule, "body on jets inside lax.scan"),
+        lax.while_p: Rule("control", _while_rule, "body on jets inside lax.while_loop"),
+        lax.cond_p: Rule("control", _cond_rule, "branches on jets inside lax.switch"),
+    }
+)
+
+
 # ----------------------------------------------------------------------------- the interpreter
 
 
