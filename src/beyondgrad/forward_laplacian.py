@@ -27,7 +27,8 @@ A rule is a :class:`Rule`: ``rule(eqn, ins) -> outs``, where ``eqn`` is the jaxp
 equation (``eqn.primitive``, ``eqn.params``; :func:`bind` re-applies it to plain
 values), ``ins`` has one entry per operand, a :class:`Jet` where the operand depends on
 ``r`` and a plain array otherwise (at least one is a Jet: equations with no Jet input
-are simply evaluated), and ``outs`` has one entry per result, a :class:`Jet` or a plain
+are simply evaluated, and so are equations with integer or boolean results only:
+:func:`has_float_result`), and ``outs`` has one entry per result, a :class:`Jet` or a plain
 array where the result does not depend on ``r`` (integer and boolean results are always
 plain). A Jet's ``jac`` has shape ``(d, *val.shape)``; its ``lap`` may be ``None``
 (known to be zero).
@@ -124,6 +125,7 @@ __all__ = [
     "forward_laplacian",
     "from_triples",
     "generic",
+    "has_float_result",
     "linear",
     "reduction",
     "register_rule",
@@ -429,8 +431,9 @@ def from_triples(fn: Callable[..., Any]) -> Rule:
 
     ``fn(*triples)`` returns one triple (or a list of triples for a primitive with
     several results). The engine passes every operand as a triple: one that does not
-    depend on ``r`` gets zero ``jac`` and ``lap``, and a ``lap`` known to be zero is
-    passed as zeros. The primitive's parameters are not passed, so this suits
+    depend on ``r`` gets zero ``jac`` and ``lap``, a ``lap`` known to be zero is passed
+    as zeros, and a scalar operand of an elementwise primitive (a literal such as the
+    ``2.0`` of ``2.0 * x``) is broadcast to the result's shape. The primitive's parameters are not passed, so this suits
     primitives without parameters that change the maths (``mul``, ``add``, ``sin``);
     otherwise write a :func:`custom` rule.
     """
@@ -442,17 +445,29 @@ def from_triples(fn: Callable[..., Any]) -> Rule:
     def apply(eqn: Any, ins: list) -> list:
         d = _jet_dim(ins)
         triples = []
-        for x in ins:
+        for x, atom in zip(ins, eqn.invars):
             if isinstance(x, Jet):
                 triples.append((x.val, x.jac, _zeros_if_none(x.lap, x.val)))
-            else:
-                x = jnp.asarray(x)
+            else:  # a constant, in the shape the equation declares (a literal: ())
+                x = jnp.reshape(jnp.asarray(x), atom.aval.shape)
                 triples.append(
                     (x, jnp.zeros((d, *x.shape), x.dtype), jnp.zeros_like(x))
                 )
+        want = jax.eval_shape(lambda *v: bind(eqn, v), *[t[0] for t in triples])
+        if len(want) == 1 and want[0].shape:  # a scalar operand of an elementwise op
+            shape = want[0].shape
+            triples = [
+                (
+                    jnp.broadcast_to(v, shape),
+                    jnp.broadcast_to(j[(...,) + (None,) * len(shape)], (d, *shape)),
+                    jnp.broadcast_to(lp, shape),
+                )
+                if v.shape == ()
+                else (v, j, lp)
+                for v, j, lp in triples
+            ]
         got = fn(*triples)
         results = list(got) if eqn.primitive.multiple_results else [got]
-        want = jax.eval_shape(lambda *v: bind(eqn, v), *[t[0] for t in triples])
         outs = []
         for k, (res, spec) in enumerate(zip(results, want)):
             if not isinstance(res, (tuple, list)) or len(res) != 3:
@@ -585,6 +600,8 @@ _CONSTANT = [
     lax.not_p,
     lax.xor_p,
     lax.iota_p,
+    lax.stop_gradient_p,
+    lax.bitcast_convert_type_p,  # a reinterpretation of the bits: no derivative
 ]
 
 #: The rule table: ``Primitive`` object -> :class:`Rule`. Change it only through
@@ -915,6 +932,15 @@ RULES.update(
 # ----------------------------------------------------------------------------- the interpreter
 
 
+def has_float_result(eqn: Any) -> bool:
+    """True if one of ``eqn``'s results is floating-point or complex. An equation with
+    integer or boolean results only needs no rule: its results carry no derivative."""
+    return any(
+        jnp.issubdtype(getattr(v.aval, "dtype", jnp.int32), jnp.inexact)
+        for v in eqn.outvars
+    )
+
+
 def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
     """Interpret ``jaxpr`` on inputs that are arrays or :class:`Jet` s."""
     env: dict[Any, Any] = {}
@@ -924,10 +950,10 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
         env[var] = value
     for eqn in jaxpr.eqns:
         ins = [compat.jaxpr_atom_value(a, env) for a in eqn.invars]
-        if any(isinstance(x, Jet) for x in ins):
+        if any(isinstance(x, Jet) for x in ins) and has_float_result(eqn):
             outs = rule_for(eqn.primitive)(eqn, ins)
-        else:
-            outs = bind(eqn, ins)
+        else:  # nothing depends on r, or only integer/boolean results
+            outs = bind(eqn, [_val(x) for x in ins])
         for var, value in zip(eqn.outvars, outs):
             env[var] = value
     return [compat.jaxpr_atom_value(a, env) for a in jaxpr.outvars]
