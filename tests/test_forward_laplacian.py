@@ -74,6 +74,7 @@ def test_every_table_key_is_a_primitive_of_the_running_jax():
         (lambda r: lax.cond(r[0] > 0, jnp.sin, jnp.cos, r), "control"),
         (lambda r: lax.select_n(r[0] > 0, r, 2 * r), "linear"),
         (lambda r: jax.nn.relu(r), None),  # custom_jvp: a deliberate fallback
+        (lambda r: _straight_through(r), "custom_vjp"),
     ],
 )
 def test_what_jax_emits_has_a_rule_or_a_deliberate_fallback(emit, kind):
@@ -154,11 +155,10 @@ def _differentiated_functions():
 def test_every_primitive_of_the_differentiated_functions_has_a_rule_or_a_fallback():
     missing = {}
     with jax.enable_x64(True):
-        functions = _differentiated_functions()
-    for name, f, d in functions:
-        for prim in _primitives(jax.make_jaxpr(f)(jnp.linspace(-1, 1, d)), set()):
-            if prim not in fl.RULES and prim not in fl.FALLBACK:
-                missing.setdefault(prim.name, []).append(name)
+        for name, f, d in _differentiated_functions():
+            for prim in _primitives(jax.make_jaxpr(f)(jnp.linspace(-1, 1, d)), set()):
+                if prim not in fl.RULES and prim not in fl.FALLBACK:
+                    missing.setdefault(prim.name, []).append(name)
     assert not missing, f"primitives with no rule and no deliberate fallback: {missing}"
 
 

@@ -74,7 +74,12 @@ function, which is right only for a holomorphic :math:`g`: a non-holomorphic one
 ---------------------------------
 ``custom_jvp``: the custom rule is used, as ``jax.jvp`` uses it: the call goes through
 the generic rule (forward over forward mode through the custom JVP rule, which is how
-``jax.hessian`` differentiates it too).
+``jax.hessian`` differentiates it too), never through its primal program. Where the
+rule is the derivative of its own primal output (its purpose: stability, speed) this
+gives ``jax.hessian``'s numbers. A rule that is *not* that derivative makes JAX's own
+second derivatives mix the two (the rule for one factor of a product, the derivative
+of the rule's primal output for the other, so ``jax.hessian`` is not symmetric); a jet
+carries one Jacobian, the rule's, and differs from them there.
 
 ``custom_vjp``: JAX has no forward mode for it, and every other method of
 :func:`beyondgrad.laplacian.laplacian` goes through its backward rule (reverse mode,
