@@ -688,19 +688,20 @@ FALLBACK: frozenset[Primitive] = frozenset(
 _WARNED: set[Primitive] = set()
 
 
-def rule_for(primitive: Primitive) -> Rule:
+def rule_for(primitive: Primitive, d: int | None = None) -> Rule:
     """The rule the interpreter uses for ``primitive``: its entry in :data:`RULES`, else
     the generic rule (with a :class:`GenericRuleWarning`, once per primitive, unless
-    ``primitive`` is in :data:`FALLBACK`)."""
+    ``primitive`` is in :data:`FALLBACK`; ``d``, the input size, goes into its cost)."""
     found = RULES.get(primitive)
     if found is not None:
         return found
     if primitive not in FALLBACK and primitive not in _WARNED:
         _WARNED.add(primitive)
+        cost = "2*d" if d is None else f"2*d = {2 * d}"
         warnings.warn(
             f"forward_laplacian: no rule for the primitive {primitive.name!r}; using the "
-            "generic rule (forward over forward mode on it alone: about 2*d extra JVPs "
-            "of it, d = the input size). Register a rule with "
+            f"generic rule (forward over forward mode on it alone: about {cost} extra "
+            "JVPs of it, d = the input size). Register a rule with "
             "beyondgrad.forward_laplacian.register_rule to keep the savings.",
             GenericRuleWarning,
             stacklevel=2,
@@ -956,7 +957,7 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
     for eqn in jaxpr.eqns:
         ins = [compat.jaxpr_atom_value(a, env) for a in eqn.invars]
         if any(isinstance(x, Jet) for x in ins) and has_float_result(eqn):
-            outs = rule_for(eqn.primitive)(eqn, ins)
+            outs = rule_for(eqn.primitive, _jet_dim(ins))(eqn, ins)
         else:  # nothing depends on r, or only integer/boolean results
             outs = bind(eqn, [_val(x) for x in ins])
         for var, value in zip(eqn.outvars, outs):
