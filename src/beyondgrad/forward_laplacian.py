@@ -81,8 +81,9 @@ second derivatives mix the two (the rule for one factor of a product, the deriva
 of the rule's primal output for the other, so ``jax.hessian`` is not symmetric); a jet
 carries one Jacobian, the rule's, and differs from them there.
 
-``custom_vjp``: JAX has no forward mode for it, and every other method of
-:func:`beyondgrad.laplacian.laplacian` goes through its backward rule (reverse mode,
+``custom_vjp``: JAX has no forward mode for it (``jax.jvp`` raises ``TypeError``), and
+the methods ``"hessian"``, ``"loop"``, ``"vmap"`` and ``"hutchinson"`` of
+:func:`beyondgrad.laplacian.laplacian` all go through its backward rule (reverse mode,
 then forward mode over it). Where the backward rule is not the derivative of the
 forward function (a straight-through estimator: round forward, identity backward),
 that "Hessian" is not the derivative of any single Jacobian a jet could carry. So a
