@@ -294,7 +294,9 @@ def test_non_contractive_map_hits_max_iter_and_says_so(x64):
     def f(x, theta):
         return 2.0 * x + theta  # |f'| = 2: iteration diverges
 
-    x, info = im.fixed_point(f, jnp.zeros(3), jnp.asarray(1.0), tol=1e-8, max_iter=25)
+    x, info = im.fixed_point(
+        f, jnp.zeros(3), jnp.asarray(1.0), tol=1e-8, max_iter=25, throw=False
+    )
     assert int(info.iterations) == 25
     assert not bool(info.converged)
     assert float(info.residual) > 1.0
@@ -315,7 +317,9 @@ def test_tutorial_matrix_diverges_with_partitionable_prng():
         def layer(z, p):
             return jnp.tanh(p[0] @ z + p[1])
 
-        _, info = im.fixed_point(layer, jnp.zeros(10), (w, x), tol=1e-5, max_iter=500)
+        _, info = im.fixed_point(
+            layer, jnp.zeros(10), (w, x), tol=1e-5, max_iter=500, throw=False
+        )
         assert bool(info.converged) == (not flag)
     assert radii[False] < 1 < radii[True]
 
@@ -756,6 +760,7 @@ def test_float32_gmres_tangent_solve_is_as_accurate_as_its_tolerance():
             tol=1e-7,
             max_iter=5000,
             tangent_solver="gmres",
+            throw=False,  # float32 stalls at a residual of 2.8e-7: the point is dz*
         )
         return jnp.asarray(c, jnp.float32) @ z
 
@@ -771,3 +776,86 @@ def test_float32_gmres_tangent_solve_is_as_accurate_as_its_tolerance():
         g64 = d * np.linalg.solve(a.T, c)  # d(c.z*)/db = D (I - D W)^-T c
     rel = np.linalg.norm(np.asarray(g32) - g64) / np.linalg.norm(g64)
     assert rel < 7e-6, rel
+
+
+# ------------------------------------------------------ throw: non-convergence is an error
+
+
+def _doubling(x, t):
+    return 2.0 * x + t  # |f'| = 2: plain iteration diverges
+
+
+def test_non_convergence_raises_by_default_and_names_the_fix(x64):
+    with pytest.raises(im.SolverError) as err:
+        im.fixed_point(_doubling, jnp.zeros(3), jnp.asarray(1.0), tol=1e-8, max_iter=25)
+    message = str(err.value)
+    for words in ("fixed_point did not converge", "after 25 steps", "max_iter=25"):
+        assert words in message
+    assert "tol = 1e-08" in message and "throw=False" in message
+    assert isinstance(err.value, RuntimeError)
+
+
+def test_non_convergence_raises_under_jit_and_vmap(x64):
+    """Traced diagnostics are checked on the host (jax.debug.callback): under jit the
+    runtime error wraps ours; throw=False compiles without the check."""
+    solve = jax.jit(
+        lambda t: im.fixed_point(_doubling, jnp.zeros(3), t, tol=1e-8, max_iter=25)
+    )
+    with pytest.raises(RuntimeError, match="SolverError: fixed_point did not converge"):
+        jax.block_until_ready(solve(1.0))
+    quiet = jax.jit(
+        lambda t: im.fixed_point(
+            _doubling, jnp.zeros(3), t, tol=1e-8, max_iter=25, throw=False
+        )
+    )
+    _, info = quiet(1.0)
+    assert int(info.iterations) == 25 and not bool(info.converged)
+    assert "callback" not in str(jax.make_jaxpr(quiet)(1.0))
+    assert "callback" in str(jax.make_jaxpr(solve)(1.0))
+    # one diverging solve in a batch of converging ones fails the batch
+    halves = jax.vmap(
+        lambda t: im.fixed_point(lambda x, t: t * x + 1.0, jnp.zeros(2), t, tol=1e-8)
+    )
+    x, info = halves(jnp.asarray([0.5, 0.25]))
+    np.testing.assert_allclose(x, [[2.0, 2.0], [4 / 3, 4 / 3]], rtol=1e-7)
+    with pytest.raises(RuntimeError, match="did not converge"):
+        jax.block_until_ready(halves(jnp.asarray([0.5, 2.0])))
+
+
+def test_a_nan_parameter_raises_and_names_the_leaf(x64):
+    params = {"a": jnp.asarray([1.0, jnp.nan, 2.0]), "scale": jnp.asarray(0.5)}
+
+    def f(x, p):
+        return p["scale"] * x + p["a"]
+
+    with pytest.raises(
+        im.SolverError, match=r"residual is nan \(not finite: params\['a'\]\)"
+    ):
+        im.fixed_point(f, jnp.zeros(3), params)
+    x, info = im.fixed_point(f, jnp.zeros(3), params, throw=False)
+    assert not bool(info.converged) and bool(jnp.isnan(info.residual))
+    # every solver, and the fixed trip count (tol=0) too: a NaN is never a fixed point
+    with pytest.raises(im.SolverError, match="newton_root did not converge"):
+        im.newton_root(lambda x, p: x - p["a"], jnp.zeros(3), params)
+    with pytest.raises(im.SolverError, match="anderson_fixed_point did not converge"):
+        im.anderson_fixed_point(f, jnp.zeros(3), params)
+    with pytest.raises(im.SolverError, match="expected a finite residual"):
+        im.unrolled_fixed_point(f, jnp.zeros(3), params, tol=0.0, max_iter=5)
+    with pytest.raises(im.SolverError, match="expected a finite residual"):
+        im.fixed_point(f, jnp.zeros(3), params, tol=0.0, max_iter=5)
+
+
+def test_a_fixed_trip_count_is_no_failure(x64):
+    """tol=0 asks for exactly max_iter steps: an unmet tolerance is not an error."""
+    _, info = im.fixed_point(_doubling, jnp.zeros(3), 1.0, tol=0.0, max_iter=5)
+    assert int(info.iterations) == 5 and not bool(info.converged)
+
+
+@pytest.mark.parametrize("throw", [None, 1, "yes"])
+def test_throw_must_be_a_bool(throw):
+    with pytest.raises(TypeError, match="throw must be True"):
+        im.fixed_point(_fp_half, jnp.zeros(3), jnp.ones(3), throw=throw)
+
+
+def _fp_half(x, p):
+    return 0.5 * x + p

@@ -40,6 +40,7 @@ from jax.scipy.sparse.linalg import cg, gmres
 from beyondgrad import compat
 
 __all__ = [
+    "SolverError",
     "SolverInfo",
     "TangentSolver",
     "anderson_fixed_point",
@@ -77,6 +78,16 @@ class SolverInfo(NamedTuple):
     iterations: jax.Array
     residual: jax.Array
     converged: jax.Array
+
+
+class SolverError(RuntimeError):
+    """A solve that did not converge, raised when ``throw=True`` (the default).
+
+    Outside ``jit``/``vmap`` it is raised as is. Inside a traced function the check runs
+    on the host through ``jax.debug.callback``, so the caller sees the runtime error of
+    the backend (``jax.errors.JaxRuntimeError``, also a ``RuntimeError``) whose message
+    quotes this one. Pass ``throw=False`` to get ``(x, SolverInfo)`` back instead.
+    """
 
 
 # --------------------------------------------------------------------------- validation
@@ -172,6 +183,115 @@ def _check_args(
                 f"{name}: f(x, params) must return leaves shaped like x; at x{jax.tree_util.keystr(path)} "
                 f"x0 has {dtype}{list(shape)} but f returned {o.dtype}{list(o.shape)}"
             )
+
+
+def _check_throw(name: str, throw: object) -> None:
+    if not isinstance(throw, bool):
+        raise TypeError(
+            f"{name}: throw must be True (raise SolverError when the solve does not "
+            f"converge) or False (return the state), got {throw!r}"
+        )
+
+
+def _nonfinite_leaves(label: str, tree: PyTree) -> list[str]:
+    """Paths of the concrete floating leaves of ``tree`` that hold a NaN or an inf."""
+    bad = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if compat.is_tracer(leaf):
+            continue
+        try:
+            arr = np.asarray(leaf)
+        except Exception:  # not an array: nothing to say about it
+            continue
+        if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
+            bad.append(f"{label}{jax.tree_util.keystr(path)}")
+    return bad
+
+
+def _failure_message(
+    name: str,
+    converged: np.ndarray,
+    iterations: np.ndarray,
+    residual: np.ndarray,
+    tol: np.ndarray,
+    max_iter: int,
+    culprits: list[str],
+) -> str:
+    """Why a solve failed, in words: the residual against ``tol``, and what to do.
+
+    ``tol`` is NaN for a fixed trip count (``tol=0``): then only a non-finite residual
+    fails.
+    """
+    converged, iterations = np.asarray(converged), np.asarray(iterations)
+    residual, tol_value = np.asarray(residual), float(np.max(np.asarray(tol)))
+    failed = ~converged
+    count = f"{int(failed.sum())} of {failed.size} solves" if failed.size > 1 else ""
+    worst = residual[failed]
+    finite = np.isfinite(worst)
+    target = (
+        "a finite residual"
+        if math.isnan(tol_value)
+        else f"a residual <= tol = {tol_value:.3g}"
+    )
+    if not np.all(finite):
+        where = (
+            f"not finite: {', '.join(culprits)}"
+            if culprits
+            else "a NaN or inf in x0 or params, or f overflowed"
+        )
+        what = (
+            f"{name} did not converge{': ' + count if count else ''}: the residual is "
+            f"{worst[~finite].flat[0]} ({where}), expected {target}"
+        )
+    else:
+        what = (
+            f"{name} did not converge{': ' + count if count else ''}: residual "
+            f"{float(worst.max()):.3g} after {int(iterations[failed].max())} steps "
+            f"(max_iter={max_iter}), expected {target}; raise max_iter or tol"
+        )
+    return (
+        what + ", or pass throw=False to get (x, SolverInfo) back and read "
+        "info.converged"
+    )
+
+
+def _raise_unless_converged(
+    name: str,
+    info: SolverInfo,
+    tol: float | jax.Array,
+    max_iter: int,
+    throw: bool,
+    inputs: tuple[tuple[str, PyTree], ...],
+) -> None:
+    """Raise :class:`SolverError` when ``throw`` and the solve failed.
+
+    With ``tol == 0`` (a fixed trip count) only a non-finite residual is a failure.
+    Concrete diagnostics are checked here; traced ones on the host, by a
+    ``jax.debug.callback`` that runs when the compiled function runs.
+    """
+    if not throw:
+        return
+    fixed = _static_zero(tol)
+    ok = jnp.isfinite(info.residual) if fixed else info.converged
+    tol_arr = jnp.asarray(jnp.nan if fixed else tol, jnp.float32)
+    diagnostics = (ok, info.iterations, info.residual, tol_arr)
+    if not any(compat.is_tracer(v) for v in diagnostics):
+        if bool(np.all(np.asarray(ok))):
+            return
+        culprits = [c for label, tree in inputs for c in _nonfinite_leaves(label, tree)]
+        raise SolverError(
+            _failure_message(name, *map(np.asarray, diagnostics), max_iter, culprits)
+        )
+
+    def host(
+        ok: np.ndarray, iterations: np.ndarray, residual: np.ndarray, tol: np.ndarray
+    ) -> None:
+        if not np.all(ok):
+            raise SolverError(
+                _failure_message(name, ok, iterations, residual, tol, max_iter, [])
+            )
+
+    jax.debug.callback(host, *diagnostics)
 
 
 # ------------------------------------------------------------------------ tangent solves
@@ -331,6 +451,7 @@ def fixed_point(
     tol: float | jax.Array = 1e-6,
     max_iter: int = 1000,
     tangent_solver: TangentSolver = "dense",
+    throw: bool = True,
 ) -> tuple[PyTree, SolverInfo]:
     """The fixed point ``x* = f(x*, params)``, differentiable w.r.t. ``params`` implicitly.
 
@@ -346,6 +467,7 @@ def fixed_point(
     derivative is only right at a root.
     """
     _check_args("fixed_point", f, x0, params, tol, max_iter, tangent_solver)
+    _check_throw("fixed_point", throw)
 
     root_fn = _fixed_point_residual(f, params)
 
@@ -355,7 +477,11 @@ def fixed_point(
             lambda z, r: jax.tree_util.tree_map(jnp.add, z, r), g, x, tol, max_iter
         )
 
-    return _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
+    x, info = _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
+    _raise_unless_converged(
+        "fixed_point", info, tol, max_iter, throw, (("x0", x0), ("params", params))
+    )
+    return x, info
 
 
 def newton_root(
@@ -366,6 +492,7 @@ def newton_root(
     tangent_solver: TangentSolver = "dense",
     tol: float | jax.Array = 1e-6,
     max_iter: int = 50,
+    throw: bool = True,
 ) -> tuple[PyTree, SolverInfo]:
     """A root ``f(x*, params) = 0`` by Newton's method, differentiable w.r.t. ``params``.
 
@@ -375,6 +502,7 @@ def newton_root(
     ``custom_root`` and ``tangent_solver``. Returns ``(x_star, SolverInfo)``.
     """
     _check_args("newton_root", f, x0, params, tol, max_iter, tangent_solver)
+    _check_throw("newton_root", throw)
 
     def root_fn(x: PyTree) -> PyTree:
         return f(x, params)
@@ -393,7 +521,11 @@ def newton_root(
 
         return _iterate(step, g, x, tol, max_iter)
 
-    return _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
+    x, info = _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
+    _raise_unless_converged(
+        "newton_root", info, tol, max_iter, throw, (("x0", x0), ("params", params))
+    )
+    return x, info
 
 
 def anderson_fixed_point(
@@ -406,6 +538,7 @@ def anderson_fixed_point(
     tol: float | jax.Array = 1e-6,
     max_iter: int = 1000,
     tangent_solver: TangentSolver = "dense",
+    throw: bool = True,
 ) -> tuple[PyTree, SolverInfo]:
     """The fixed point of :func:`fixed_point` by Anderson acceleration; same implicit derivative.
 
@@ -417,6 +550,7 @@ def anderson_fixed_point(
     is the same ``custom_root`` rule on ``F(x) = f(x, params) - x``.
     """
     _check_args("anderson_fixed_point", f, x0, params, tol, max_iter, tangent_solver)
+    _check_throw("anderson_fixed_point", throw)
     if not _is_int(memory) or memory < 2:
         raise ValueError(
             f"anderson_fixed_point: memory must be an int >= 2, got {memory!r}"
@@ -471,7 +605,16 @@ def anderson_fixed_point(
         )
         return unravel(xs[(k - 1) % m]), SolverInfo(k, res, res <= tol)
 
-    return _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
+    x, info = _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
+    _raise_unless_converged(
+        "anderson_fixed_point",
+        info,
+        tol,
+        max_iter,
+        throw,
+        (("x0", x0), ("params", params)),
+    )
+    return x, info
 
 
 def unrolled_fixed_point(
@@ -482,6 +625,7 @@ def unrolled_fixed_point(
     tangent_solver: None = None,
     tol: float | jax.Array = 1e-6,
     max_iter: int = 1000,
+    throw: bool = True,
 ) -> tuple[PyTree, SolverInfo]:
     """Same maths and signature as :func:`fixed_point`, differentiated through the iterations.
 
@@ -500,6 +644,8 @@ def unrolled_fixed_point(
             "derivative"
         )
     _check_args("unrolled_fixed_point", f, x0, params, tol, max_iter, "dense")
+    _check_throw("unrolled_fixed_point", throw)
+    inputs = (("x0", x0), ("params", params))
 
     def residual(x: PyTree) -> jax.Array:
         return _tree_norm(_fixed_point_residual(f, params)(x))
@@ -507,7 +653,11 @@ def unrolled_fixed_point(
     if _static_zero(tol):
         x, _ = lax.scan(lambda x, _: (f(x, params), None), x0, None, length=max_iter)
         res = lax.stop_gradient(residual(x))
-        return x, SolverInfo(jnp.asarray(max_iter, jnp.int32), res, res <= tol)
+        info = SolverInfo(jnp.asarray(max_iter, jnp.int32), res, res <= tol)
+        _raise_unless_converged(
+            "unrolled_fixed_point", info, tol, max_iter, throw, inputs
+        )
+        return x, info
 
     def body(carry, _):
         x, k = carry
@@ -523,7 +673,9 @@ def unrolled_fixed_point(
 
     (x, k), _ = lax.scan(body, (x0, jnp.asarray(0, jnp.int32)), None, length=max_iter)
     res = lax.stop_gradient(residual(x))
-    return x, SolverInfo(k, res, res <= tol)
+    info = SolverInfo(k, res, res <= tol)
+    _raise_unless_converged("unrolled_fixed_point", info, tol, max_iter, throw, inputs)
+    return x, info
 
 
 # ---------------------------------------------------------------------- worked examples
