@@ -826,10 +826,30 @@ CASES = [
         ("throw", "True", "False", "'yes'"),
     ),
     Case(
-        "unrolled_fixed_point-tangent-solver",
-        lambda: implicit.unrolled_fixed_point(_fp, X3, X3, tangent_solver="gmres"),
+        "fixed_point-unrolled-tangent-solver",
+        lambda: implicit.fixed_point(
+            _fp, X3, X3, adjoint="unrolled", tangent_solver="gmres"
+        ),
         TypeError,
-        ("tangent_solver='gmres'", "ignored", "fixed_point"),
+        ("tangent_solver='gmres'", "ignored", "adjoint='implicit'"),
+    ),
+    Case(
+        "fixed_point-memory-without-anderson",
+        lambda: implicit.fixed_point(_fp, X3, X3, memory=3),
+        TypeError,
+        ("memory=3", "solver='anderson'", "solver='iterate' would ignore it"),
+    ),
+    Case(
+        "fixed_point-unknown-solver",
+        lambda: implicit.fixed_point(_fp, X3, X3, solver="broyden"),
+        ValueError,
+        ("solver must be one of", "'anderson'", "'broyden'"),
+    ),
+    Case(
+        "root_find-unknown-adjoint",
+        lambda: implicit.root_find(_fp, X3, X3, adjoint="backsolve"),
+        ValueError,
+        ("adjoint must be one of", "'unrolled'", "'backsolve'"),
     ),
 ]
 

@@ -4,7 +4,7 @@
   ``lax.custom_root`` (the jaxpr is checked for ``custom_root``); value and
   ``jax.jacrev`` to :data:`FIXED_POINT_TOL`.
 * 3.2 :func:`check_sqrtm`: the inverse square root ``A^{-1/2}`` through ``custom_root``
-  (directly or via ``implicit.newton_root``); value and ``jax.jvp`` to
+  (directly or via ``implicit.root_find``); value and ``jax.jvp`` to
   :data:`SQRTM_TOL`.
 * 3.3 :func:`check_tolerance_fix`: a DEQ gradient right to
   :data:`TOLERANCE_FIX_RTOL` (any method).
@@ -33,7 +33,8 @@ from beyondgrad.exercises import (
     tree_mismatches,
     verdict,
 )
-from beyondgrad.implicit import deq_layer, deq_params, fixed_point
+from beyondgrad.figures.ch3 import deq_layer, deq_params
+from beyondgrad.implicit import fixed_point
 
 __all__ = [
     "FIXED_POINT_M",
@@ -79,7 +80,7 @@ def _method_problem(fn: Callable, arg: jax.Array, exercise: str) -> str | None:
     return (
         f"your function does not call lax.custom_root{seen}. {exercise} asks for the "
         "implicit derivative: put your loop inside the `solve` argument of "
-        "lax.custom_root (or implicit.newton_root), so that JAX differentiates the "
+        "lax.custom_root (or implicit.root_find), so that JAX differentiates the "
         "equation, not the iterations"
     )
 
@@ -240,7 +241,7 @@ def check_sqrtm(
     with positive eigenvalues).
 
     Checks, in float64 on a 3×3 SPD matrix: that ``fn`` returns one 3×3 matrix; that it
-    calls ``lax.custom_root`` (directly or through ``implicit.newton_root``: an
+    calls ``lax.custom_root`` (directly or through ``implicit.root_find``: an
     eigendecomposition is not the exercise); then ``jax.jvp`` along a symmetric
     direction, the value and the tangent against an eigendecomposition and the
     Daleckii-Krein formula (:func:`_sqrtm_reference`), to :data:`SQRTM_TOL`. The negative
@@ -268,7 +269,7 @@ def check_sqrtm(
                 [
                     f"your inv_sqrtm returns a {type(value).__name__} of "
                     f"{len(value)} items; return the matrix X alone "
-                    "(implicit.newton_root returns (X, SolverInfo): take [0])"
+                    "(implicit.root_find returns (X, SolverInfo): take [0])"
                 ],
                 strict=strict,
             )
@@ -322,7 +323,7 @@ def check_sqrtm(
         elif problems:
             problems.append(
                 f"(required: within {tol:g} absolute plus relative: iterate until the "
-                "residual is at rounding level, e.g. newton_root(..., tol=1e-12))"
+                "residual is at rounding level, e.g. root_find(..., tol=1e-12))"
             )
         success = (
             f"calls custom_root; X = A^(-1/2) and its jvp match the eigendecomposition "
