@@ -75,12 +75,10 @@ Adjoint: TypeAlias = Literal["implicit", "unrolled"]
 class SolverInfo(NamedTuple):
     """Diagnostics of one solve (a pytree, so it works under ``jit``/``vmap``).
 
-    Attributes:
-        iterations: Solver steps taken (int32).
-        residual: The 2-norm of ``F`` at the returned point, over all leaves.
-        converged: ``residual <= tol`` (bool). A solve stopped by ``max_iter``
-            reports ``False``; with ``throw=True`` it raises :class:`SolverError`
-            instead.
+    ``iterations``: solver steps taken (int32); ``residual``: the 2-norm of ``F`` at
+    the returned point, over all leaves; ``converged``: ``residual <= tol`` (bool). A
+    solve stopped by ``max_iter`` reports ``False``; with ``throw=True`` it raises
+    :class:`SolverError` instead.
     """
 
     iterations: jax.Array

@@ -159,6 +159,17 @@ def check_fixed_point_grad(
     calls ``lax.custom_root`` (its jaxpr); the Jacobian against the closed form
     ``(I + ½ diag(sin(M x*)) M)^{-1}``; and ``jit``. Values and Jacobians must agree to
     :data:`FIXED_POINT_TOL` (absolute + relative).
+
+    Args:
+        fn: The student's ``my_fixed_point(theta)``; a bare stub (``raise NotImplementedError``)
+            is reported as not attempted.
+        strict: Raise when the answer is wrong (for solution cells).
+
+    Returns:
+        The :class:`~beyondgrad.exercises.Feedback` (printable), passed or not.
+
+    Raises:
+        ExerciseFailed: With ``strict=True``, when the answer is wrong.
     """
     tol = FIXED_POINT_TOL
     not_a_function = require_callable(fn, "my_fixed_point")
@@ -246,6 +257,17 @@ def check_sqrtm(
     direction, the value and the tangent against an eigendecomposition and the
     Daleckii-Krein formula (:func:`_sqrtm_reference`), to :data:`SQRTM_TOL`. The negative
     root (``-X``) and the square root ``A^{1/2}`` get their own messages.
+
+    Args:
+        fn: The student's ``inv_sqrtm(A)``; a bare stub (``raise NotImplementedError``)
+            is reported as not attempted.
+        strict: Raise when the answer is wrong (for solution cells).
+
+    Returns:
+        The :class:`~beyondgrad.exercises.Feedback` (printable), passed or not.
+
+    Raises:
+        ExerciseFailed: With ``strict=True``, when the answer is wrong.
     """
     tol = SQRTM_TOL
     not_a_function = require_callable(fn, "inv_sqrtm")
@@ -333,7 +355,11 @@ def check_sqrtm(
 
 
 def exercise3_params() -> dict[str, jax.Array]:
-    """The DEQ parameters of Exercise 3.3 (float64, d=8; contraction factor 0.95)."""
+    """The DEQ parameters of Exercise 3.3 (float64, d=8; contraction factor 0.95).
+
+    Returns:
+        The dict ``{"W", "U", "b", "x"}`` of :func:`beyondgrad.figures.ch3.deq_params`.
+    """
     with jax.enable_x64(True):
         return deq_params(
             jax.random.key(3), d=8, d_in=3, radius=0.95, dtype=jnp.float64
@@ -348,6 +374,17 @@ def check_tolerance_fix(
     Compared with the closed form ``D (I - W^T D)^{-1} 1`` (``D = diag(1 - z*²)``) at
     two values of ``b``, to :data:`TOLERANCE_FIX_RTOL` relative (float64). Any method
     is accepted.
+
+    Args:
+        fn: The student's ``fixed_grad(b)``; a bare stub (``raise NotImplementedError``)
+            is reported as not attempted.
+        strict: Raise when the answer is wrong (for solution cells).
+
+    Returns:
+        The :class:`~beyondgrad.exercises.Feedback` (printable), passed or not.
+
+    Raises:
+        ExerciseFailed: With ``strict=True``, when the answer is wrong.
     """
     rtol = TOLERANCE_FIX_RTOL
     with jax.enable_x64(True):
