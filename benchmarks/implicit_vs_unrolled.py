@@ -1,12 +1,14 @@
-"""Implicit (custom_root) vs unrolled (scan) gradients of a deep-equilibrium layer.
+"""Implicit vs unrolled gradients of a deep-equilibrium layer: ``implicit.fixed_point``
+with ``adjoint="implicit"`` (custom_root) and ``adjoint="unrolled"`` (scan).
 
     python benchmarks/implicit_vs_unrolled.py            # 100 .. 10 000 iterations, d=64
     python benchmarks/implicit_vs_unrolled.py --quick    # fewer counts, shorter timing
 
 Times follow beyondgrad.measure's policy (wall clock, warm-up, interleaved repeats).
 Prints minimum times (ms) and compiled temporary memory of the jitted gradient per
-iteration count, the ratios the book's targets are about, then plain iteration vs
-Newton's method under the same custom_root, solved to a tolerance.
+iteration count, the ratios the book's targets are about, then the three solvers
+(``solver="iterate"``, ``"anderson"``, ``"newton"``) under the same custom_root,
+solved to a tolerance.
 """
 
 from __future__ import annotations

@@ -49,22 +49,13 @@ def pin_gloo_to_loopback() -> None:
 
     By default Gloo listens on the address that the machine's hostname resolves to,
     which may be a network interface rather than loopback; for a test that must stay on
-    loopback we build the CPU client ourselves with ``hostname="127.0.0.1"``. This uses two private JAX names (present from 0.8.2
-    to 0.12) and is only for this test: on a real cluster Gloo must use the network.
+    loopback the CPU client is built with ``hostname="127.0.0.1"``. The private JAX
+    names this needs live behind :func:`beyondgrad.compat.gloo_loopback_cpu_backend`.
     Call it after ``jax.distributed.initialize`` and before anything touches devices.
     """
-    from jax._src import distributed, xla_bridge
-    from jax._src.lib import _jax
+    from beyondgrad import compat
 
-    def loopback_cpu_client():
-        collectives = _jax.make_gloo_tcp_collectives(
-            distributed_client=distributed.global_state.client, hostname="127.0.0.1"
-        )
-        return xla_bridge.make_cpu_client(collectives=collectives)
-
-    xla_bridge.register_backend_factory(
-        "cpu", loopback_cpu_client, priority=0, fail_quietly=False
-    )
+    compat.gloo_loopback_cpu_backend("127.0.0.1")
 
 
 def global_inputs():

@@ -806,6 +806,51 @@ CASES = [
         ValueError,
         ("(n, 3, n)", "orbital_jets", "(3, 3, 2)"),
     ),
+    # ------------------------------------------ solvers (issue #27 items 3 and 6)
+    Case(
+        "fixed_point-nan-param",
+        lambda: implicit.fixed_point(_fp, X3, jnp.asarray([1.0, jnp.nan, 1.0])),
+        implicit.SolverError,
+        ("did not converge", "residual is nan", "params", "throw=False"),
+    ),
+    Case(
+        "fixed_point-not-converged",
+        lambda: implicit.fixed_point(lambda x, p: 2 * x + p, X3, X3, max_iter=5),
+        implicit.SolverError,
+        ("did not converge", "max_iter=5", "tol = 1e-06", "throw=False"),
+    ),
+    Case(
+        "fixed_point-throw-not-bool",
+        lambda: implicit.fixed_point(_fp, X3, X3, throw="yes"),
+        TypeError,
+        ("throw", "True", "False", "'yes'"),
+    ),
+    Case(
+        "fixed_point-unrolled-tangent-solver",
+        lambda: implicit.fixed_point(
+            _fp, X3, X3, adjoint="unrolled", tangent_solver="gmres"
+        ),
+        TypeError,
+        ("tangent_solver='gmres'", "ignored", "adjoint='implicit'"),
+    ),
+    Case(
+        "fixed_point-memory-without-anderson",
+        lambda: implicit.fixed_point(_fp, X3, X3, memory=3),
+        TypeError,
+        ("memory=3", "solver='anderson'", "solver='iterate' would ignore it"),
+    ),
+    Case(
+        "fixed_point-unknown-solver",
+        lambda: implicit.fixed_point(_fp, X3, X3, solver="broyden"),
+        ValueError,
+        ("solver must be one of", "'anderson'", "'broyden'"),
+    ),
+    Case(
+        "root_find-unknown-adjoint",
+        lambda: implicit.root_find(_fp, X3, X3, adjoint="backsolve"),
+        ValueError,
+        ("adjoint must be one of", "'unrolled'", "'backsolve'"),
+    ),
 ]
 
 

@@ -25,6 +25,7 @@ from beyondgrad.exercises import ch2 as ex2
 from beyondgrad.exercises import ch3 as ch3_checks
 from beyondgrad.exercises import ch4
 from beyondgrad.exercises import ch5 as ex5
+from beyondgrad.figures import ch3 as figs
 from tools import book
 
 GUIDE = book.ROOT / "instructor_guide.md"
@@ -80,7 +81,7 @@ def _loose_tolerance_grad(b):
     def total(bb):
         p = {**params, "b": bb}
         z, _ = implicit.fixed_point(
-            implicit.deq_layer, jnp.zeros_like(bb), p, tol=1e-3, max_iter=1000
+            figs.deq_layer, jnp.zeros_like(bb), p, tol=1e-3, max_iter=1000
         )
         return jnp.sum(z)
 
@@ -99,7 +100,7 @@ def _scan_fixed_point(theta):
 
 def _negative_sqrtm(a):
     f = lambda x, a: x @ a @ x - jnp.eye(a.shape[0], dtype=a.dtype)  # noqa: E731
-    return implicit.newton_root(f, -jnp.eye(a.shape[0], dtype=a.dtype), a, tol=1e-12)[0]
+    return implicit.root_find(f, -jnp.eye(a.shape[0], dtype=a.dtype), a, tol=1e-12)[0]
 
 
 def _eigh_sqrtm(a):
@@ -109,7 +110,7 @@ def _eigh_sqrtm(a):
 
 def _square_root(a):
     f = lambda x, a: x @ x - a  # noqa: E731
-    return implicit.newton_root(f, jnp.eye(a.shape[0], dtype=a.dtype), a, tol=1e-12)[0]
+    return implicit.root_find(f, jnp.eye(a.shape[0], dtype=a.dtype), a, tol=1e-12)[0]
 
 
 def _ch4_mse(w, X, y):
@@ -397,7 +398,7 @@ MISTAKES = [
     Mistake(
         "ch3-sqrtm-tuple",
         lambda: ch3_checks.check_sqrtm(
-            lambda a: implicit.newton_root(
+            lambda a: implicit.root_find(
                 lambda x, a: x @ a @ x - jnp.eye(3, dtype=a.dtype),
                 jnp.eye(3, dtype=a.dtype),
                 a,
@@ -405,7 +406,7 @@ MISTAKES = [
             )
         ),
         "your inv_sqrtm returns a tuple of 2 items; return the matrix X alone "
-        "(implicit.newton_root returns (X, SolverInfo): take [0])",
+        "(implicit.root_find returns (X, SolverInfo): take [0])",
     ),
     Mistake(
         "ch4-list",

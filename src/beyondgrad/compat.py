@@ -527,3 +527,49 @@ def scan_counts(params: Any) -> tuple[int, int]:
         return int(params["num_consts"]), int(params["num_carry"])
     consts, carry, _ = params["ft_in"].unpack()
     return len(list(consts)), len(list(carry))
+
+
+# ------------------------------------------------- multi-process tests (issue #27 item 6)
+
+__all__ += ["gloo_loopback_cpu_backend"]
+
+
+def gloo_loopback_cpu_backend(hostname: str = "127.0.0.1") -> None:
+    """Make JAX's Gloo CPU collectives listen on ``hostname`` (loopback by default).
+
+    By default Gloo listens on the address that the machine's hostname resolves to,
+    which may be a network interface rather than loopback. This registers a CPU
+    backend factory that builds the client with Gloo TCP collectives bound to
+    ``hostname``. It uses three private JAX names (``jax._src.distributed``'s
+    ``global_state.client``, ``jax._src.xla_bridge``'s ``make_cpu_client`` and
+    ``register_backend_factory``, ``jax._src.lib._jax.make_gloo_tcp_collectives``),
+    present from 0.8.2 to 0.12; it is for the two-process test
+    (``tests/_distributed_worker.py``) only: on a real cluster Gloo must use the
+    network.
+
+    Args:
+        hostname: The address Gloo listens on.
+
+    Raises:
+        RuntimeError: Called before ``jax.distributed.initialize`` (no distributed
+            client to build the collectives from).
+    """
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError(
+            "gloo_loopback_cpu_backend: call jax.distributed.initialize(...) first; "
+            "the Gloo collectives are built from its client"
+        )
+
+    def loopback_cpu_client() -> Any:
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=client, hostname=hostname
+        )
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory(
+        "cpu", loopback_cpu_client, priority=0, fail_quietly=False
+    )

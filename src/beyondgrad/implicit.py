@@ -10,18 +10,21 @@ gives the derivative without looking at the solver's iterations:
       = -\\Big(\\frac{\\partial F}{\\partial x}\\Big)^{-1}
         \\frac{\\partial F}{\\partial \\theta}.
 
-:func:`fixed_point` (``F(x) = f(x, θ) - x``), :func:`anderson_fixed_point` (same
-``F``, a faster solver) and :func:`newton_root` (``F = f``) wrap
-:func:`jax.lax.custom_root`, so their iterations run in a ``lax.while_loop`` that is
-never differentiated; derivatives reach only what ``f`` sees (``params``), never
-``x0``. :func:`unrolled_fixed_point` has the same signature but differentiates through
-every iteration (a ``lax.scan``), for comparison. All return ``(x_star, SolverInfo)``;
-the diagnostics ride along as ``custom_root``'s ``aux`` and carry no derivative.
+Two entry points, one per problem: :func:`fixed_point` (``F(x) = f(x, θ) - x``) and
+:func:`root_find` (``F = f``). Each takes the solver (``solver=``: plain iteration,
+Anderson acceleration, Newton) and the derivative (``adjoint=``, as in optimistix):
+``"implicit"`` wraps the solve in :func:`jax.lax.custom_root`, so the iterations run
+in a ``lax.while_loop`` that is never differentiated and derivatives reach only what
+``f`` sees (``params``), never ``x0``; ``"unrolled"`` runs the same steps in a
+``lax.scan`` and differentiates through every one. Both return
+``(x_star, SolverInfo)`` and, by default, raise :class:`SolverError` when the solve
+does not converge (``throw=False`` returns the state instead, as optimistix's
+``throw=``).
 
-The worked examples of the chapter (a deep-equilibrium layer, ridge regression) are
-here too, with closed forms that check the implicit derivatives independently.
-Exercise checkers live in :mod:`beyondgrad.exercises.ch3`, figures and measurements in
-:mod:`beyondgrad.figures.ch3`.
+The chapter's worked examples (a deep-equilibrium layer, ridge regression) are not
+here: Chapter 3 defines them in view, and :mod:`beyondgrad.figures.ch3` keeps the
+copies its experiments and the tests use. Exercise checkers live in
+:mod:`beyondgrad.exercises.ch3`.
 """
 
 from __future__ import annotations
@@ -40,19 +43,16 @@ from jax.scipy.sparse.linalg import cg, gmres
 from beyondgrad import compat
 
 __all__ = [
+    "Adjoint",
+    "FixedPointSolver",
+    "RootSolver",
+    "SolverError",
     "SolverInfo",
     "TangentSolver",
-    "anderson_fixed_point",
-    "deq_layer",
-    "deq_params",
-    "deq_reference_grad_W",
     "dense_tangent_solve",
     "fixed_point",
     "iterative_tangent_solve",
-    "newton_root",
-    "ridge_closed_form",
-    "ridge_normal_equations",
-    "unrolled_fixed_point",
+    "root_find",
 ]
 
 #: A pytree of arrays (nested tuples, lists, dicts of ``jax.Array``).
@@ -64,19 +64,36 @@ TangentSolver: TypeAlias = (
     Literal["dense", "gmres", "cg"] | Callable[[LinearMap, PyTree], PyTree]
 )
 _TANGENT_SOLVERS = ("dense", "gmres", "cg")
+#: ``fixed_point``'s solvers: plain iteration, Anderson acceleration, Newton on ``f - x``.
+FixedPointSolver: TypeAlias = Literal["iterate", "anderson", "newton"]
+#: ``root_find``'s solvers.
+RootSolver: TypeAlias = Literal["newton"]
+#: How the solve is differentiated: the implicit function theorem, or through the steps.
+Adjoint: TypeAlias = Literal["implicit", "unrolled"]
 
 
 class SolverInfo(NamedTuple):
     """Diagnostics of one solve (a pytree, so it works under ``jit``/``vmap``).
 
-    ``iterations``: solver steps taken (int32); ``residual``: the 2-norm of ``F`` at the
-    returned point, over all leaves; ``converged``: ``residual <= tol``. A solve that
-    stops at ``max_iter`` reports ``converged == False`` instead of failing silently.
+    ``iterations``: solver steps taken (int32); ``residual``: the 2-norm of ``F`` at
+    the returned point, over all leaves; ``converged``: ``residual <= tol`` (bool). A
+    solve stopped by ``max_iter`` reports ``False``; with ``throw=True`` it raises
+    :class:`SolverError` instead.
     """
 
     iterations: jax.Array
     residual: jax.Array
     converged: jax.Array
+
+
+class SolverError(RuntimeError):
+    """A solve that did not converge, raised when ``throw=True`` (the default).
+
+    Outside ``jit``/``vmap`` it is raised as is. Inside a traced function the check runs
+    on the host through ``jax.debug.callback``, so the caller sees the runtime error of
+    JAX (``jax.errors.JaxRuntimeError``, also a ``RuntimeError``) whose message quotes
+    this one. Pass ``throw=False`` to get ``(x, SolverInfo)`` back instead.
+    """
 
 
 # --------------------------------------------------------------------------- validation
@@ -174,6 +191,123 @@ def _check_args(
             )
 
 
+def _check_throw(name: str, throw: object) -> None:
+    if not isinstance(throw, bool):
+        raise TypeError(
+            f"{name}: throw must be True (raise SolverError when the solve does not "
+            f"converge) or False (return the state), got {throw!r}"
+        )
+
+
+def _nonfinite_leaves(label: str, tree: PyTree) -> list[str]:
+    """Paths of the concrete floating leaves of ``tree`` that hold a NaN or an inf."""
+    bad = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if compat.is_tracer(leaf):
+            continue
+        try:
+            arr = np.asarray(leaf)
+        except Exception:  # not an array: nothing to say about it
+            continue
+        if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
+            bad.append(f"{label}{jax.tree_util.keystr(path)}")
+    return bad
+
+
+def _failure_message(
+    name: str,
+    converged: np.ndarray,
+    iterations: np.ndarray,
+    residual: np.ndarray,
+    tol: np.ndarray,
+    max_iter: int,
+    culprits: list[str],
+) -> str:
+    """Why a solve failed, in words: the residual against ``tol``, and what to do.
+
+    ``tol`` is NaN for a fixed trip count (``tol=0``): then only a non-finite residual
+    fails.
+    """
+    converged, iterations = np.asarray(converged), np.asarray(iterations)
+    residual, tol_value = np.asarray(residual), float(np.max(np.asarray(tol)))
+    failed = ~converged
+    count = f"{int(failed.sum())} of {failed.size} solves" if failed.size > 1 else ""
+    worst = residual[failed]
+    finite = np.isfinite(worst)
+    target = (
+        "a finite residual"
+        if math.isnan(tol_value)
+        else f"a residual <= tol = {tol_value:.3g}"
+    )
+    if not np.all(finite):
+        where = (
+            f"not finite: {', '.join(culprits)}"
+            if culprits
+            else "a NaN or inf in x0 or params, or f overflowed"
+        )
+        what = (
+            f"{name} did not converge{': ' + count if count else ''}: the residual is "
+            f"{worst[~finite].flat[0]} ({where}), expected {target}"
+        )
+    else:
+        what = (
+            f"{name} did not converge{': ' + count if count else ''}: residual "
+            f"{float(worst.max()):.3g} after {int(iterations[failed].max())} steps "
+            f"(max_iter={max_iter}), expected {target}; raise max_iter or tol"
+        )
+    return (
+        what + ", or pass throw=False to get (x, SolverInfo) back and read "
+        "info.converged"
+    )
+
+
+def _raise_unless_converged(
+    name: str,
+    info: SolverInfo,
+    tol: float | jax.Array,
+    max_iter: int,
+    throw: bool,
+    inputs: tuple[tuple[str, PyTree], ...],
+) -> None:
+    """Raise :class:`SolverError` when ``throw`` and the solve failed.
+
+    With ``tol == 0`` (a fixed trip count) only a non-finite residual is a failure.
+    Concrete diagnostics are checked here; traced ones on the host, by a
+    ``jax.debug.callback`` that runs when the compiled function runs.
+    """
+    if not throw:
+        return
+    fixed = _static_zero(tol)
+    ok = jnp.isfinite(info.residual) if fixed else info.converged
+    tol_arr = jnp.asarray(jnp.nan if fixed else tol, jnp.float32)
+    diagnostics = (ok, info.iterations, info.residual, tol_arr)
+    if not any(compat.is_tracer(v) for v in diagnostics):
+        if bool(np.all(np.asarray(ok))):
+            return
+        culprits = [c for label, tree in inputs for c in _nonfinite_leaves(label, tree)]
+        raise SolverError(
+            _failure_message(
+                name,
+                np.asarray(ok),
+                np.asarray(info.iterations),
+                np.asarray(info.residual),
+                np.asarray(tol_arr),
+                max_iter,
+                culprits,
+            )
+        )
+
+    def host(
+        ok: np.ndarray, iterations: np.ndarray, residual: np.ndarray, tol: np.ndarray
+    ) -> None:
+        if not np.all(ok):
+            raise SolverError(
+                _failure_message(name, ok, iterations, residual, tol, max_iter, [])
+            )
+
+    jax.debug.callback(host, *diagnostics)
+
+
 # ------------------------------------------------------------------------ tangent solves
 
 
@@ -188,6 +322,17 @@ def dense_tangent_solve(g: Callable[[PyTree], PyTree], y: PyTree) -> PyTree:
     ``g`` is linear, so its Jacobian (built with ``jax.jacfwd`` on the flattened vector) is
     its matrix. Cost: ``n`` JVPs plus an ``O(n^3)`` solve, for ``n`` unknowns: small
     problems only.
+
+    Args:
+        g: A linear function on pytrees shaped like ``y`` (``custom_root`` passes
+            ``x -> ∂F/∂x · x``).
+        y: The right-hand side.
+
+    Returns:
+        ``x`` with ``g(x) = y``, structured like ``y``.
+
+    Raises:
+        TypeError: ``g`` is not callable.
     """
     if not callable(g):
         raise TypeError(
@@ -218,6 +363,19 @@ def iterative_tangent_solve(
     outer right-hand side and the inner solver runs on known cotangents. ``cg`` needs
     a symmetric positive-definite ``A`` (e.g. a Hessian); ``gmres`` takes any
     invertible ``A``.
+
+    Args:
+        method: ``"gmres"`` (any invertible ``A``) or ``"cg"`` (symmetric
+            positive-definite ``A``).
+        tol: Relative tolerance of the inner solves, a float in ``(0, 1)``.
+            ``tangent_solver="gmres"``/``"cg"`` use ``1e-6`` in float32 and ``1e-12``
+            in float64.
+
+    Returns:
+        A tangent solver ``(g, y) -> x`` with ``g(x) = y``, for ``tangent_solver=``.
+
+    Raises:
+        ValueError: An unknown ``method``, or ``tol`` outside ``(0, 1)``.
     """
     if method not in ("gmres", "cg"):
         raise ValueError(f"method must be 'gmres' or 'cg', got {method!r}")
@@ -249,42 +407,7 @@ def _tangent(
     return iterative_tangent_solve(tangent_solver, _default_tangent_tol(x0))
 
 
-# -------------------------------------------------------------------------------- solvers
-
-
-def _iterate(
-    step: Callable[[PyTree, PyTree], PyTree],
-    residual: Callable[[PyTree], PyTree],
-    x0: PyTree,
-    tol: float | jax.Array,
-    max_iter: int,
-) -> tuple[PyTree, SolverInfo]:
-    """Apply ``x <- step(x, residual(x))`` until ``||residual(x)|| <= tol`` or ``max_iter`` steps.
-
-    One ``residual`` evaluation per step: the loop carries it. ``tol == 0`` runs exactly
-    ``max_iter`` steps with a static trip count (no norm per step); otherwise a
-    ``while_loop`` checks the norm before every step.
-    """
-    if _static_zero(tol):
-        x = lax.fori_loop(0, max_iter, lambda _, x: step(x, residual(x)), x0)
-        res = _tree_norm(residual(x))
-        return x, SolverInfo(jnp.asarray(max_iter, jnp.int32), res, res <= tol)
-
-    def cond(carry):
-        _, _, res, k = carry
-        return (k < max_iter) & (res > tol)
-
-    def body(carry):
-        x, r, _, k = carry
-        x = step(x, r)
-        r = residual(x)
-        return x, r, _tree_norm(r), k + 1
-
-    r0 = residual(x0)
-    x, _, res, k = lax.while_loop(
-        cond, body, (x0, r0, _tree_norm(r0), jnp.asarray(0, jnp.int32))
-    )
-    return x, SolverInfo(k, res, res <= tol)
+# ------------------------------------------------------------------- root functions
 
 
 def _fixed_point_residual(
@@ -298,29 +421,302 @@ def _fixed_point_residual(
     return residual
 
 
-def _custom_root_with_info(
+# -------------------------------------------------------------------------------- solvers
+
+
+class _Method(NamedTuple):
+    """One solver on a root function ``F``: a state, a step, and what to read from it.
+
+    ``init(x0)`` builds the state, ``step(state)`` advances it by one iteration,
+    ``point(state)`` is the current iterate and ``norm(state)`` is ``||F||_2`` there
+    (carried in the state, so each step evaluates ``F`` once).
+    """
+
+    init: Callable[[PyTree], Any]
+    step: Callable[[Any], Any]
+    point: Callable[[Any], PyTree]
+    norm: Callable[[Any], jax.Array]
+
+
+def _carry_residual(
+    F: LinearMap, update: Callable[[PyTree, PyTree], PyTree]
+) -> _Method:
+    """A method whose state is ``(x, F(x))`` and whose step is ``x <- update(x, F(x))``."""
+
+    def init(x: PyTree) -> tuple[PyTree, PyTree]:
+        return x, F(x)
+
+    def step(state: tuple[PyTree, PyTree]) -> tuple[PyTree, PyTree]:
+        x = update(*state)
+        return x, F(x)
+
+    return _Method(init, step, lambda s: s[0], lambda s: _tree_norm(s[1]))
+
+
+def _iterate_method(F: LinearMap, options: dict[str, Any]) -> _Method:
+    """Plain fixed-point iteration on ``F(x) = f(x) - x``: ``x <- x + F(x) = f(x)``."""
+    return _carry_residual(F, lambda x, r: jax.tree_util.tree_map(jnp.add, x, r))
+
+
+def _newton_method(F: LinearMap, options: dict[str, Any]) -> _Method:
+    """Newton's method: ``x <- x - J(x)^{-1} F(x)`` with ``J = ∂F/∂x`` built densely."""
+
+    def update(x: PyTree, r: PyTree) -> PyTree:
+        v, unravel = ravel_pytree(x)
+
+        def F_flat(u: jax.Array) -> jax.Array:
+            return ravel_pytree(F(unravel(u)))[0]
+
+        return unravel(v - jnp.linalg.solve(jax.jacfwd(F_flat)(v), ravel_pytree(r)[0]))
+
+    return _carry_residual(F, update)
+
+
+def _anderson_method(F: LinearMap, options: dict[str, Any]) -> _Method:
+    """Anderson acceleration of ``x <- f(x) = x + F(x)`` with the last ``memory`` iterates.
+
+    With residuals ``r_i = f(x_i) - x_i`` it picks weights ``α`` minimising
+    ``||Σ α_i r_i||`` subject to ``Σ α_i = 1`` (a regularised solve of size ``memory``)
+    and steps to ``x <- Σ α_i f(x_i)``.
+    """
+    m, regularization = options["memory"], options["regularization"]
+    unravel_box: list[Callable[[jax.Array], PyTree]] = []
+
+    def fmap(v: jax.Array) -> jax.Array:  # f(x) = x + F(x), on the flat vector
+        return v + ravel_pytree(F(unravel_box[0](v)))[0]
+
+    def init(x: PyTree) -> tuple[jax.Array, jax.Array, jax.Array]:
+        v0, unravel = ravel_pytree(x)
+        unravel_box[:] = [unravel]
+        xs = jnp.zeros((m, v0.shape[0]), v0.dtype).at[0].set(v0)
+        gs = jnp.zeros((m, v0.shape[0]), v0.dtype).at[0].set(fmap(v0))
+        return xs, gs, jnp.asarray(1, jnp.int32)
+
+    def step(state: tuple[jax.Array, jax.Array, jax.Array]) -> Any:
+        xs, gs, k = state
+        valid = jnp.arange(m) < jnp.minimum(k, m)
+        r = jnp.where(valid[:, None], gs - xs, 0.0)
+        h = r @ r.T
+        scale = jnp.max(jnp.diagonal(h)) + jnp.finfo(xs.dtype).tiny
+        both = valid[:, None] & valid[None, :]
+        h = jnp.where(both, h, 0.0) + jnp.diag(
+            jnp.where(valid, regularization * scale, 1.0)
+        )
+        alpha = jnp.linalg.solve(h, valid.astype(xs.dtype))
+        x_new = (alpha / jnp.sum(alpha)) @ gs
+        slot = k % m
+        return xs.at[slot].set(x_new), gs.at[slot].set(fmap(x_new)), k + 1
+
+    def newest(state: Any) -> tuple[jax.Array, jax.Array]:
+        xs, gs, k = state
+        return xs[(k - 1) % m], gs[(k - 1) % m]
+
+    def point(state: Any) -> PyTree:
+        return unravel_box[0](newest(state)[0])
+
+    def norm(state: Any) -> jax.Array:
+        x, g = newest(state)
+        return jnp.linalg.norm(g - x)
+
+    return _Method(init, step, point, norm)
+
+
+#: The solvers of each entry point, with the options each one takes and their defaults.
+_FIXED_POINT_SOLVERS: dict[str, Callable[[LinearMap, dict[str, Any]], _Method]] = {
+    "iterate": _iterate_method,
+    "anderson": _anderson_method,
+    "newton": _newton_method,
+}
+_ROOT_SOLVERS: dict[str, Callable[[LinearMap, dict[str, Any]], _Method]] = {
+    "newton": _newton_method,
+}
+_SOLVER_OPTIONS: dict[str, dict[str, Any]] = {
+    "iterate": {},
+    "anderson": {"memory": 5, "regularization": 1e-10},
+    "newton": {},
+}
+_DEFAULT_MAX_ITER = {"iterate": 1000, "anderson": 1000, "newton": 50}
+_ADJOINTS = ("implicit", "unrolled")
+
+
+def _loop(
+    method: _Method, x0: PyTree, tol: float | jax.Array, max_iter: int
+) -> tuple[PyTree, SolverInfo]:
+    """Run ``method`` until ``norm <= tol`` or ``max_iter`` steps, in a ``while_loop``.
+
+    Never differentiated (``custom_root`` hides it). ``tol == 0`` runs exactly
+    ``max_iter`` steps with a static trip count and no norm per step.
+    """
+    state = method.init(x0)
+    if _static_zero(tol):
+        state = lax.fori_loop(0, max_iter, lambda _, s: method.step(s), state)
+        res = method.norm(state)
+        return method.point(state), SolverInfo(
+            jnp.asarray(max_iter, jnp.int32), res, res <= tol
+        )
+
+    def cond(carry: tuple[Any, jax.Array]) -> jax.Array:
+        state, k = carry
+        return (k < max_iter) & (method.norm(state) > tol)
+
+    def body(carry: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
+        state, k = carry
+        return method.step(state), k + 1
+
+    state, k = lax.while_loop(cond, body, (state, jnp.asarray(0, jnp.int32)))
+    res = method.norm(state)
+    return method.point(state), SolverInfo(k, res, res <= tol)
+
+
+def _unrolled(
+    method: _Method, x0: PyTree, tol: float | jax.Array, max_iter: int
+) -> tuple[PyTree, SolverInfo]:
+    """Run ``method`` for ``max_iter`` steps in a ``lax.scan``, differentiated through.
+
+    With ``tol > 0`` the state freezes once ``norm <= tol`` (the remaining steps are
+    no-ops), so it stops where :func:`_loop` stops. The diagnostics carry no derivative.
+    """
+    state = method.init(x0)
+    if _static_zero(tol):
+        state, _ = lax.scan(
+            lambda s, _: (method.step(s), None), state, None, length=max_iter
+        )
+        k = jnp.asarray(max_iter, jnp.int32)
+    else:
+
+        def body(carry: tuple[Any, jax.Array], _: None) -> Any:
+            state, k = carry
+            done = lax.stop_gradient(method.norm(state)) <= tol
+            new = method.step(state)
+            state = jax.tree_util.tree_map(
+                lambda old, nxt: jnp.where(done, old, nxt), state, new
+            )
+            return (state, k + jnp.where(done, 0, 1).astype(jnp.int32)), None
+
+        (state, k), _ = lax.scan(
+            body, (state, jnp.asarray(0, jnp.int32)), None, length=max_iter
+        )
+    res = lax.stop_gradient(method.norm(state))
+    return method.point(state), SolverInfo(k, res, res <= tol)
+
+
+def _implicit(
+    method_of: Callable[[LinearMap], _Method],
     root_fn: LinearMap,
     x0: PyTree,
-    solve: Callable[[LinearMap, PyTree], tuple[PyTree, SolverInfo]],
-    tangent_solver: TangentSolver,
     tol: float | jax.Array,
+    max_iter: int,
+    tangent_solver: TangentSolver,
 ) -> tuple[PyTree, SolverInfo]:
-    """``lax.custom_root(..., has_aux=True)`` with :class:`SolverInfo` as the aux, and
-    the tangent solve that :func:`_tangent` makes of ``tangent_solver``.
+    """:func:`_loop` inside ``lax.custom_root(..., has_aux=True)``: the derivative is the
+    implicit one, with the tangent solve that :func:`_tangent` makes of
+    ``tangent_solver``.
 
     The aux is the iteration count (int32) and the residual; ``converged`` is rebuilt
     after. :func:`beyondgrad.compat.custom_root_with_aux` handles the JAX versions
     whose ``custom_root`` cannot differentiate with an integer aux.
     """
 
-    def solve_counts(g: LinearMap, x: PyTree) -> tuple[PyTree, tuple[jax.Array, ...]]:
-        root, info = solve(g, x)
+    def solve(g: LinearMap, x: PyTree) -> tuple[PyTree, tuple[jax.Array, ...]]:
+        # the solve sees only custom_root's root function g (== root_fn, no derivative)
+        root, info = _loop(method_of(g), x, tol, max_iter)
         return root, (info.iterations.astype(jnp.int32), info.residual)
 
     root, (iterations, residual) = compat.custom_root_with_aux(
-        root_fn, x0, solve_counts, _tangent(tangent_solver, x0)
+        root_fn, x0, solve, _tangent(tangent_solver, x0)
     )
     return root, SolverInfo(iterations, residual, residual <= tol)
+
+
+def _options(
+    name: str,
+    solver: object,
+    solvers: dict[str, Any],
+    adjoint: object,
+    given: dict[str, Any],
+) -> dict[str, Any]:
+    """Check ``solver``, ``adjoint`` and the options passed; return the solver's options.
+
+    An option that the chosen solver or adjoint does not use is an error, not ignored.
+    """
+    if not isinstance(solver, str) or solver not in solvers:
+        raise ValueError(
+            f"{name}: solver must be one of {tuple(solvers)}, got {solver!r}"
+        )
+    if not isinstance(adjoint, str) or adjoint not in _ADJOINTS:
+        raise ValueError(
+            f"{name}: adjoint must be one of {_ADJOINTS} ('implicit': the implicit "
+            f"function theorem; 'unrolled': through the iterations), got {adjoint!r}"
+        )
+    if adjoint == "unrolled" and given.get("tangent_solver") is not None:
+        raise TypeError(
+            f"{name}: adjoint='unrolled' differentiates through the iterations and "
+            f"solves no linear system, so tangent_solver={given['tangent_solver']!r} "
+            "would be ignored: drop it, or use adjoint='implicit'"
+        )
+    defaults = _SOLVER_OPTIONS[solver]
+    options: dict[str, Any] = {}
+    for option in ("memory", "regularization"):
+        value = given.get(option)
+        if option not in defaults:
+            if value is not None:
+                users = [s for s, opts in _SOLVER_OPTIONS.items() if option in opts]
+                raise TypeError(
+                    f"{name}: {option}={value!r} applies to solver={users[0]!r} only; "
+                    f"solver={solver!r} would ignore it: drop it or pass "
+                    f"solver={users[0]!r}"
+                )
+            continue
+        options[option] = defaults[option] if value is None else value
+    if "memory" in options and (
+        not _is_int(options["memory"]) or options["memory"] < 2
+    ):
+        raise ValueError(
+            f"{name}: memory must be an int >= 2, got {options['memory']!r}"
+        )
+    if "regularization" in options and (
+        not _is_real(options["regularization"]) or not options["regularization"] >= 0
+    ):
+        raise ValueError(
+            f"{name}: regularization must be a float >= 0, "
+            f"got {options['regularization']!r}"
+        )
+    return options
+
+
+def _solve(
+    name: str,
+    root_fn: LinearMap,
+    f: Callable[[PyTree, PyTree], PyTree],
+    x0: PyTree,
+    params: PyTree,
+    solver: str,
+    solvers: dict[str, Callable[[LinearMap, dict[str, Any]], _Method]],
+    adjoint: str,
+    tol: float | jax.Array,
+    max_iter: int | None,
+    throw: bool,
+    given: dict[str, Any],
+) -> tuple[PyTree, SolverInfo]:
+    options = _options(name, solver, solvers, adjoint, given)
+    if max_iter is None:
+        max_iter = _DEFAULT_MAX_ITER[solver]
+    given_tangent = given.get("tangent_solver")
+    tangent_solver: TangentSolver = "dense" if given_tangent is None else given_tangent
+    _check_args(name, f, x0, params, tol, max_iter, tangent_solver)
+    _check_throw(name, throw)
+
+    def method_of(F: LinearMap) -> _Method:
+        return solvers[solver](F, options)
+
+    if adjoint == "implicit":
+        x, info = _implicit(method_of, root_fn, x0, tol, max_iter, tangent_solver)
+    else:
+        x, info = _unrolled(method_of(root_fn), x0, tol, max_iter)
+    _raise_unless_converged(
+        name, info, tol, max_iter, throw, (("x0", x0), ("params", params))
+    )
+    return x, info
 
 
 def fixed_point(
@@ -328,325 +724,146 @@ def fixed_point(
     x0: PyTree,
     params: PyTree,
     *,
+    solver: FixedPointSolver = "iterate",
+    adjoint: Adjoint = "implicit",
     tol: float | jax.Array = 1e-6,
-    max_iter: int = 1000,
-    tangent_solver: TangentSolver = "dense",
+    max_iter: int | None = None,
+    throw: bool = True,
+    tangent_solver: TangentSolver | None = None,
+    memory: int | None = None,
+    regularization: float | None = None,
 ) -> tuple[PyTree, SolverInfo]:
-    """The fixed point ``x* = f(x*, params)``, differentiable w.r.t. ``params`` implicitly.
+    """The fixed point ``x* = f(x*, params)``, differentiable w.r.t. ``params``.
 
-    Solve: iterate ``x <- f(x, params)`` from ``x0`` in a ``while_loop`` until
-    ``||f(x) - x||_2 <= tol`` (norm over all leaves) or ``max_iter`` steps. ``tol`` is
-    a Python float, or a 0-d float array (then it may be traced: one ``jit``
-    compilation serves every tolerance).
-    Derivative (``custom_root`` on ``F(x) = f(x, params) - x``):
-    ``dx* = (I - ∂f/∂x)^{-1} ∂f/∂params · dparams``, one linear solve with
-    ``tangent_solver`` ("dense", "gmres", "cg" or ``(g, y) -> x`` with ``g(x) = y``).
-    Forward and reverse mode, ``jit`` and ``vmap`` all work; the derivative w.r.t. ``x0``
-    is zero. Returns ``(x_star, SolverInfo)``; check ``info.converged``: the implicit
-    derivative is only right at a root.
+    The solve stops when ``||f(x, params) - x||_2 <= tol`` (norm over all leaves) or
+    after ``max_iter`` steps. ``solver`` picks how: ``"iterate"`` (``x <- f(x)``),
+    ``"anderson"`` (Anderson acceleration over the last ``memory`` iterates) or
+    ``"newton"`` (Newton on ``F(x) = f(x) - x``, with ``∂F/∂x`` built densely: at most
+    a few thousand unknowns). ``adjoint`` picks the derivative: ``"implicit"`` wraps
+    the solve in ``lax.custom_root`` on ``F``, so
+    ``dx* = (I - ∂f/∂x)^{-1} ∂f/∂params · dparams`` costs one linear solve with
+    ``tangent_solver`` whatever the number of steps, and the derivative w.r.t. ``x0``
+    is zero; ``"unrolled"`` runs the same steps in a ``lax.scan`` and differentiates
+    through them (reverse mode stores every step: memory grows with ``max_iter``; the
+    state freezes once the tolerance is met, so both stop at the same point). Forward
+    and reverse mode, ``jit`` and ``vmap`` all work.
+
+    Args:
+        f: The map, ``f(x, params)``, returning a pytree shaped like ``x``.
+        x0: The starting point: a pytree of floating arrays.
+        params: What ``f`` depends on (any pytree); derivatives flow to it.
+        solver: ``"iterate"``, ``"anderson"`` or ``"newton"``.
+        adjoint: ``"implicit"`` (implicit function theorem) or ``"unrolled"``.
+        tol: Residual norm to reach: a Python float ``>= 0`` or a 0-d float array
+            (which may be traced: one compilation serves every tolerance). ``0`` runs
+            exactly ``max_iter`` steps (a static trip count, no check per step).
+        max_iter: Most steps; ``None`` means 1000 (``"iterate"``, ``"anderson"``) or
+            50 (``"newton"``).
+        throw: Raise :class:`SolverError` when the solve does not converge (the
+            default); ``False`` returns the state and leaves ``info.converged`` to
+            the caller. With ``tol=0`` only a non-finite residual is a failure.
+        tangent_solver: ``adjoint="implicit"`` only: ``"dense"`` (the default),
+            ``"gmres"``, ``"cg"`` or a function ``(g, y) -> x`` solving ``g(x) = y``.
+        memory: ``solver="anderson"`` only: iterates kept (an int ``>= 2``; 5).
+        regularization: ``solver="anderson"`` only: ridge added to the
+            least-squares solve for the weights, relative to its scale (``1e-10``).
+
+    Returns:
+        ``(x_star, info)``: the fixed point (structured like ``x0``) and a
+        :class:`SolverInfo` (iterations, residual, converged), which carries no
+        derivative.
+
+    Raises:
+        SolverError: With ``throw=True``, when the residual is above ``tol`` after
+            ``max_iter`` steps, or not finite (a NaN parameter). Under ``jit`` or
+            ``vmap`` the check runs on the host and the error arrives as JAX's
+            runtime error (``jax.errors.JaxRuntimeError``), quoting the message.
+        TypeError: ``f`` not callable, ``x0`` not floating, ``f`` returning another
+            structure, shape or dtype than ``x0``, ``throw`` not a bool, or an option
+            that the chosen ``solver`` or ``adjoint`` does not use (``memory`` without
+            ``"anderson"``, ``tangent_solver`` with ``"unrolled"``).
+        ValueError: An unknown ``solver``, ``adjoint`` or ``tangent_solver``; a
+            negative or non-finite ``tol``; ``max_iter < 1``; ``memory < 2``; a
+            negative ``regularization``.
     """
-    _check_args("fixed_point", f, x0, params, tol, max_iter, tangent_solver)
+    return _solve(
+        "fixed_point",
+        _fixed_point_residual(f, params),
+        f,
+        x0,
+        params,
+        solver,
+        _FIXED_POINT_SOLVERS,
+        adjoint,
+        tol,
+        max_iter,
+        throw,
+        {
+            "tangent_solver": tangent_solver,
+            "memory": memory,
+            "regularization": regularization,
+        },
+    )
 
-    root_fn = _fixed_point_residual(f, params)
 
-    def solve(g: Callable[[PyTree], PyTree], x: PyTree) -> tuple[PyTree, SolverInfo]:
-        # x + g(x) == f(x, params): the solve only sees the root function.
-        return _iterate(
-            lambda z, r: jax.tree_util.tree_map(jnp.add, z, r), g, x, tol, max_iter
-        )
-
-    return _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
-
-
-def newton_root(
+def root_find(
     f: Callable[[PyTree, PyTree], PyTree],
     x0: PyTree,
     params: PyTree,
     *,
-    tangent_solver: TangentSolver = "dense",
+    solver: RootSolver = "newton",
+    adjoint: Adjoint = "implicit",
     tol: float | jax.Array = 1e-6,
-    max_iter: int = 50,
+    max_iter: int | None = None,
+    throw: bool = True,
+    tangent_solver: TangentSolver | None = None,
 ) -> tuple[PyTree, SolverInfo]:
-    """A root ``f(x*, params) = 0`` by Newton's method, differentiable w.r.t. ``params``.
+    """A root ``f(x*, params) = 0``, differentiable w.r.t. ``params``.
 
-    Solve: ``x <- x - J(x)^{-1} f(x, params)`` with ``J = ∂f/∂x`` built densely (so ``x``
-    should have at most a few thousand entries), until ``||f(x)||_2 <= tol`` or
-    ``max_iter`` steps. Derivative: ``dx* = -(∂f/∂x)^{-1} ∂f/∂params · dparams`` via
-    ``custom_root`` and ``tangent_solver``. Returns ``(x_star, SolverInfo)``.
+    The solve (``solver="newton"``: ``x <- x - J(x)^{-1} f(x, params)`` with
+    ``J = ∂f/∂x`` built densely, so at most a few thousand unknowns) stops when
+    ``||f(x, params)||_2 <= tol`` or after ``max_iter`` steps. With
+    ``adjoint="implicit"`` the derivative is
+    ``dx* = -(∂f/∂x)^{-1} ∂f/∂params · dparams`` through ``lax.custom_root`` and
+    ``tangent_solver``; with ``"unrolled"`` it goes through the Newton steps.
+
+    Args:
+        f: The equation, ``f(x, params)``, returning a pytree shaped like ``x``.
+        x0: The starting point: a pytree of floating arrays.
+        params: What ``f`` depends on (any pytree); derivatives flow to it.
+        solver: ``"newton"`` (the only root finder).
+        adjoint: ``"implicit"`` (implicit function theorem) or ``"unrolled"``.
+        tol: Residual norm to reach (as in :func:`fixed_point`).
+        max_iter: Most steps; ``None`` means 50.
+        throw: Raise :class:`SolverError` when the solve does not converge (the
+            default); ``False`` returns the state.
+        tangent_solver: ``adjoint="implicit"`` only, as in :func:`fixed_point`.
+
+    Returns:
+        ``(x_star, info)``: the root (structured like ``x0``) and its
+        :class:`SolverInfo`.
+
+    Raises:
+        SolverError: With ``throw=True``, when the solve does not converge (as in
+            :func:`fixed_point`).
+        TypeError: As in :func:`fixed_point`.
+        ValueError: As in :func:`fixed_point`.
     """
-    _check_args("newton_root", f, x0, params, tol, max_iter, tangent_solver)
 
     def root_fn(x: PyTree) -> PyTree:
         return f(x, params)
 
-    def solve(g: Callable[[PyTree], PyTree], x: PyTree) -> tuple[PyTree, SolverInfo]:
-        _, unravel = ravel_pytree(x)
-
-        def g_flat(v: jax.Array) -> jax.Array:
-            return ravel_pytree(g(unravel(v)))[0]
-
-        def step(z: PyTree, r: PyTree) -> PyTree:
-            v = ravel_pytree(z)[0]
-            return unravel(
-                v - jnp.linalg.solve(jax.jacfwd(g_flat)(v), ravel_pytree(r)[0])
-            )
-
-        return _iterate(step, g, x, tol, max_iter)
-
-    return _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
-
-
-def anderson_fixed_point(
-    f: Callable[[PyTree, PyTree], PyTree],
-    x0: PyTree,
-    params: PyTree,
-    *,
-    memory: int = 5,
-    regularization: float = 1e-10,
-    tol: float | jax.Array = 1e-6,
-    max_iter: int = 1000,
-    tangent_solver: TangentSolver = "dense",
-) -> tuple[PyTree, SolverInfo]:
-    """The fixed point of :func:`fixed_point` by Anderson acceleration; same implicit derivative.
-
-    Keeps the last ``m = memory`` iterates ``x_i`` and their images ``f(x_i)``; with
-    residuals ``r_i = f(x_i) - x_i`` it picks weights ``α`` minimising ``||Σ α_i r_i||``
-    subject to ``Σ α_i = 1`` (a regularised ``(m+1)``-sized solve) and steps to
-    ``x <- Σ α_i f(x_i)``. Stops when ``||f(x) - x||_2 <= tol`` or after ``max_iter``
-    evaluations of ``f``. Only the solver differs from :func:`fixed_point`: the derivative
-    is the same ``custom_root`` rule on ``F(x) = f(x, params) - x``.
-    """
-    _check_args("anderson_fixed_point", f, x0, params, tol, max_iter, tangent_solver)
-    if not _is_int(memory) or memory < 2:
-        raise ValueError(
-            f"anderson_fixed_point: memory must be an int >= 2, got {memory!r}"
-        )
-    if not _is_real(regularization) or not regularization >= 0:
-        raise ValueError(
-            "anderson_fixed_point: regularization must be a float >= 0, "
-            f"got {regularization!r}"
-        )
-
-    root_fn = _fixed_point_residual(f, params)
-
-    def solve(g: Callable[[PyTree], PyTree], x: PyTree) -> tuple[PyTree, SolverInfo]:
-        v0, unravel = ravel_pytree(x)
-
-        def fmap(v: jax.Array) -> jax.Array:  # f(x) = x + F(x)
-            return v + ravel_pytree(g(unravel(v)))[0]
-
-        m, n = memory, v0.shape[0]
-        xs = jnp.zeros((m, n), v0.dtype).at[0].set(v0)
-        gs = jnp.zeros((m, n), v0.dtype).at[0].set(fmap(v0))
-        res0 = jnp.linalg.norm(gs[0] - xs[0])
-
-        def cond(carry):
-            _, _, k, res = carry
-            return (k < max_iter) & (res > tol)
-
-        def body(carry):
-            xs, gs, k, _ = carry
-            valid = jnp.arange(m) < jnp.minimum(k, m)
-            r = jnp.where(valid[:, None], gs - xs, 0.0)
-            h = r @ r.T
-            scale = jnp.max(jnp.diagonal(h)) + jnp.finfo(v0.dtype).tiny
-            both = valid[:, None] & valid[None, :]
-            h = jnp.where(both, h, 0.0) + jnp.diag(
-                jnp.where(valid, regularization * scale, 1.0)
-            )
-            alpha = jnp.linalg.solve(h, valid.astype(v0.dtype))
-            alpha = alpha / jnp.sum(alpha)
-            x_new = alpha @ gs
-            g_new = fmap(x_new)
-            slot = k % m
-            return (
-                xs.at[slot].set(x_new),
-                gs.at[slot].set(g_new),
-                k + 1,
-                jnp.linalg.norm(g_new - x_new),
-            )
-
-        xs, gs, k, res = lax.while_loop(
-            cond, body, (xs, gs, jnp.asarray(1, jnp.int32), res0)
-        )
-        return unravel(xs[(k - 1) % m]), SolverInfo(k, res, res <= tol)
-
-    return _custom_root_with_info(root_fn, x0, solve, tangent_solver, tol)
-
-
-def unrolled_fixed_point(
-    f: Callable[[PyTree, PyTree], PyTree],
-    x0: PyTree,
-    params: PyTree,
-    *,
-    tangent_solver: None = None,
-    tol: float | jax.Array = 1e-6,
-    max_iter: int = 1000,
-) -> tuple[PyTree, SolverInfo]:
-    """Same maths and signature as :func:`fixed_point`, differentiated through the iterations.
-
-    Runs ``max_iter`` steps in a ``lax.scan`` (reverse mode stores every iterate: memory
-    grows linearly with ``max_iter``). With ``tol > 0`` the iterate freezes once
-    ``||f(x) - x|| <= tol`` (later steps are no-ops), so it returns the same point as
-    :func:`fixed_point`. There is no tangent solve to choose: passing
-    ``tangent_solver`` raises ``TypeError`` (use :func:`fixed_point` for that).
-    The diagnostics carry no derivative.
-    """
-    if tangent_solver is not None:
-        raise TypeError(
-            "unrolled_fixed_point differentiates through its iterations and solves no "
-            f"linear system, so tangent_solver={tangent_solver!r} would be ignored: "
-            "drop it, or use fixed_point(..., tangent_solver=...) for an implicit "
-            "derivative"
-        )
-    _check_args("unrolled_fixed_point", f, x0, params, tol, max_iter, "dense")
-
-    def residual(x: PyTree) -> jax.Array:
-        return _tree_norm(_fixed_point_residual(f, params)(x))
-
-    if _static_zero(tol):
-        x, _ = lax.scan(lambda x, _: (f(x, params), None), x0, None, length=max_iter)
-        res = lax.stop_gradient(residual(x))
-        return x, SolverInfo(jnp.asarray(max_iter, jnp.int32), res, res <= tol)
-
-    def body(carry, _):
-        x, k = carry
-        fx = f(x, params)
-        done = (
-            lax.stop_gradient(
-                _tree_norm(jax.tree_util.tree_map(lambda a, b: a - b, fx, x))
-            )
-            <= tol
-        )
-        x = jax.tree_util.tree_map(lambda old, new: jnp.where(done, old, new), x, fx)
-        return (x, k + jnp.where(done, 0, 1).astype(jnp.int32)), None
-
-    (x, k), _ = lax.scan(body, (x0, jnp.asarray(0, jnp.int32)), None, length=max_iter)
-    res = lax.stop_gradient(residual(x))
-    return x, SolverInfo(k, res, res <= tol)
-
-
-# ---------------------------------------------------------------------- worked examples
-
-
-def _check_deq(params: Any, z: Any, name: str, what: str) -> None:
-    if not isinstance(params, dict) or not {"W", "U", "b", "x"} <= set(params):
-        got = sorted(params) if isinstance(params, dict) else type(params).__name__
-        raise TypeError(
-            f"{name}: params must be a dict with keys W, U, b, x (from deq_params), "
-            f"got {got}"
-        )
-    d = jnp.shape(params["W"])[0] if jnp.ndim(params["W"]) == 2 else None
-    if d is None or jnp.shape(z) != (d,):
-        raise ValueError(
-            f"{name}: {what} must have shape ({d},) to match W of shape "
-            f"{jnp.shape(params['W'])}, got {jnp.shape(z)}"
-        )
-
-
-def deq_layer(z: jax.Array, params: dict[str, jax.Array]) -> jax.Array:
-    """One step of a deep-equilibrium layer: ``tanh(W z + U x + b)``.
-
-    ``params`` is a dict with ``W`` (d, d), ``U`` (d, d_in), ``b`` (d,), ``x`` (d_in,),
-    as :func:`deq_params` makes; ``z`` has shape (d,).
-    """
-    _check_deq(params, z, "deq_layer", "z")
-    return jnp.tanh(params["W"] @ z + params["U"] @ params["x"] + params["b"])
-
-
-def deq_params(
-    key: jax.Array,
-    d: int = 64,
-    d_in: int = 16,
-    radius: float = 0.9,
-    input_scale: float = 1.0,
-    dtype: Any = jnp.float32,
-) -> dict[str, jax.Array]:
-    """Parameters for :func:`deq_layer` whose fixed-point map is contractive by construction.
-
-    ``W = radius * Q`` with ``Q`` a random orthogonal matrix, so every singular value
-    and every eigenvalue of ``W`` has modulus ``radius < 1``. Since
-    ``|tanh'| <= 1``, ``||∂f/∂z||_2 <= radius``, so the iteration converges from any start
-    with error ``<= radius^k`` times the first step's (Banach), and ``I - ∂f/∂z`` is
-    invertible: the implicit derivative exists. A small ``input_scale`` (the size of
-    ``U x``) keeps ``tanh`` near its linear regime, where the contraction factor is close
-    to ``radius`` and plain iteration is slow.
-    """
-    for name, value in (("d", d), ("d_in", d_in)):
-        if not _is_int(value) or value < 1:
-            raise TypeError(
-                f"deq_params: {name} must be a Python int >= 1 (a size), got {value!r}"
-            )
-    if not _is_real(radius) or not 0 < radius < 1:
-        raise ValueError(
-            f"deq_params: radius must be a float in (0, 1) for a contraction, "
-            f"got {radius!r}"
-        )
-    if not _is_real(input_scale):
-        raise TypeError(f"deq_params: input_scale must be a float, got {input_scale!r}")
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"deq_params: dtype must be a floating dtype, got {dtype!r}")
-    if not isinstance(key, jax.Array):
-        raise TypeError(
-            "deq_params: key must be a PRNG key array, e.g. jax.random.key(0), "
-            f"got {type(key).__name__}"
-        )
-    kw, ku, kb, kx = jax.random.split(key, 4)
-    q, r = jnp.linalg.qr(jax.random.normal(kw, (d, d), dtype))
-    w = radius * q * jnp.sign(jnp.diagonal(r))[None, :]
-    return {
-        "W": w,
-        "U": input_scale * jax.random.normal(ku, (d, d_in), dtype) / math.sqrt(d_in),
-        "b": 0.1 * input_scale * jax.random.normal(kb, (d,), dtype),
-        "x": jax.random.normal(kx, (d_in,), dtype),
-    }
-
-
-def deq_reference_grad_W(
-    params: dict[str, jax.Array], z_star: jax.Array, cotangent: jax.Array
-) -> jax.Array:
-    """Closed-form ``∂(c·z*)/∂W`` for ``z* = tanh(W z* + U x + b)``.
-
-    With ``D = diag(1 - z*^2)``: ``u = (I - D W)^{-T} c`` and the gradient is
-    ``(D u) z*^T``. Independent of ``custom_root``: used to check it.
-    """
-    _check_deq(params, z_star, "deq_reference_grad_W", "z_star")
-    _check_deq(params, cotangent, "deq_reference_grad_W", "cotangent")
-    d = 1.0 - z_star**2
-    a = jnp.eye(z_star.shape[0], dtype=z_star.dtype) - d[:, None] * params["W"]
-    u = jnp.linalg.solve(a.T, cotangent)
-    return jnp.outer(d * u, z_star)
-
-
-def _check_ridge(X: Any, y: Any, w: Any) -> None:
-    if jnp.ndim(X) != 2:
-        raise ValueError(
-            f"X must be a (samples, features) matrix, got shape {jnp.shape(X)}"
-        )
-    n, p = jnp.shape(X)
-    if jnp.shape(y) != (n,):
-        raise ValueError(
-            f"y must have shape ({n},) to match X {(n, p)}, got {jnp.shape(y)}"
-        )
-    if w is not None and jnp.shape(w) != (p,):
-        raise ValueError(
-            f"w must have shape ({p},) to match X {(n, p)}, got {jnp.shape(w)}"
-        )
-
-
-def ridge_normal_equations(
-    w: jax.Array, lam: jax.Array, X: jax.Array, y: jax.Array
-) -> jax.Array:
-    """Gradient of ``0.5||Xw - y||^2 + 0.5 lam ||w||^2``; its root is the ridge solution."""
-    _check_ridge(X, y, w)
-    return X.T @ (X @ w - y) + lam * w
-
-
-def ridge_closed_form(
-    lam: jax.Array, X: jax.Array, y: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """``w*(lam) = (X^T X + lam I)^{-1} X^T y`` and ``dw*/dlam = -(X^T X + lam I)^{-1} w*``."""
-    _check_ridge(X, y, None)
-    a = X.T @ X + lam * jnp.eye(X.shape[1], dtype=X.dtype)
-    w = jnp.linalg.solve(a, X.T @ y)
-    return w, -jnp.linalg.solve(a, w)
+    return _solve(
+        "root_find",
+        root_fn,
+        f,
+        x0,
+        params,
+        solver,
+        _ROOT_SOLVERS,
+        adjoint,
+        tol,
+        max_iter,
+        throw,
+        {"tangent_solver": tangent_solver},
+    )

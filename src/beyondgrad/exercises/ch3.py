@@ -4,7 +4,7 @@
   ``lax.custom_root`` (the jaxpr is checked for ``custom_root``); value and
   ``jax.jacrev`` to :data:`FIXED_POINT_TOL`.
 * 3.2 :func:`check_sqrtm`: the inverse square root ``A^{-1/2}`` through ``custom_root``
-  (directly or via ``implicit.newton_root``); value and ``jax.jvp`` to
+  (directly or via ``implicit.root_find``); value and ``jax.jvp`` to
   :data:`SQRTM_TOL`.
 * 3.3 :func:`check_tolerance_fix`: a DEQ gradient right to
   :data:`TOLERANCE_FIX_RTOL` (any method).
@@ -33,7 +33,8 @@ from beyondgrad.exercises import (
     tree_mismatches,
     verdict,
 )
-from beyondgrad.implicit import deq_layer, deq_params, fixed_point
+from beyondgrad.figures.ch3 import deq_layer, deq_params
+from beyondgrad.implicit import fixed_point
 
 __all__ = [
     "FIXED_POINT_M",
@@ -79,7 +80,7 @@ def _method_problem(fn: Callable, arg: jax.Array, exercise: str) -> str | None:
     return (
         f"your function does not call lax.custom_root{seen}. {exercise} asks for the "
         "implicit derivative: put your loop inside the `solve` argument of "
-        "lax.custom_root (or implicit.newton_root), so that JAX differentiates the "
+        "lax.custom_root (or implicit.root_find), so that JAX differentiates the "
         "equation, not the iterations"
     )
 
@@ -158,6 +159,17 @@ def check_fixed_point_grad(
     calls ``lax.custom_root`` (its jaxpr); the Jacobian against the closed form
     ``(I + ½ diag(sin(M x*)) M)^{-1}``; and ``jit``. Values and Jacobians must agree to
     :data:`FIXED_POINT_TOL` (absolute + relative).
+
+    Args:
+        fn: The student's ``my_fixed_point(theta)``; a bare stub (``raise NotImplementedError``)
+            is reported as not attempted.
+        strict: Raise when the answer is wrong (for solution cells).
+
+    Returns:
+        The :class:`~beyondgrad.exercises.Feedback` (printable), passed or not.
+
+    Raises:
+        ExerciseFailed: With ``strict=True``, when the answer is wrong.
     """
     tol = FIXED_POINT_TOL
     not_a_function = require_callable(fn, "my_fixed_point")
@@ -240,11 +252,22 @@ def check_sqrtm(
     with positive eigenvalues).
 
     Checks, in float64 on a 3×3 SPD matrix: that ``fn`` returns one 3×3 matrix; that it
-    calls ``lax.custom_root`` (directly or through ``implicit.newton_root``: an
+    calls ``lax.custom_root`` (directly or through ``implicit.root_find``: an
     eigendecomposition is not the exercise); then ``jax.jvp`` along a symmetric
     direction, the value and the tangent against an eigendecomposition and the
     Daleckii-Krein formula (:func:`_sqrtm_reference`), to :data:`SQRTM_TOL`. The negative
     root (``-X``) and the square root ``A^{1/2}`` get their own messages.
+
+    Args:
+        fn: The student's ``inv_sqrtm(A)``; a bare stub (``raise NotImplementedError``)
+            is reported as not attempted.
+        strict: Raise when the answer is wrong (for solution cells).
+
+    Returns:
+        The :class:`~beyondgrad.exercises.Feedback` (printable), passed or not.
+
+    Raises:
+        ExerciseFailed: With ``strict=True``, when the answer is wrong.
     """
     tol = SQRTM_TOL
     not_a_function = require_callable(fn, "inv_sqrtm")
@@ -268,7 +291,7 @@ def check_sqrtm(
                 [
                     f"your inv_sqrtm returns a {type(value).__name__} of "
                     f"{len(value)} items; return the matrix X alone "
-                    "(implicit.newton_root returns (X, SolverInfo): take [0])"
+                    "(implicit.root_find returns (X, SolverInfo): take [0])"
                 ],
                 strict=strict,
             )
@@ -322,7 +345,7 @@ def check_sqrtm(
         elif problems:
             problems.append(
                 f"(required: within {tol:g} absolute plus relative: iterate until the "
-                "residual is at rounding level, e.g. newton_root(..., tol=1e-12))"
+                "residual is at rounding level, e.g. root_find(..., tol=1e-12))"
             )
         success = (
             f"calls custom_root; X = A^(-1/2) and its jvp match the eigendecomposition "
@@ -332,7 +355,11 @@ def check_sqrtm(
 
 
 def exercise3_params() -> dict[str, jax.Array]:
-    """The DEQ parameters of Exercise 3.3 (float64, d=8; contraction factor 0.95)."""
+    """The DEQ parameters of Exercise 3.3 (float64, d=8; contraction factor 0.95).
+
+    Returns:
+        The dict ``{"W", "U", "b", "x"}`` of :func:`beyondgrad.figures.ch3.deq_params`.
+    """
     with jax.enable_x64(True):
         return deq_params(
             jax.random.key(3), d=8, d_in=3, radius=0.95, dtype=jnp.float64
@@ -347,6 +374,17 @@ def check_tolerance_fix(
     Compared with the closed form ``D (I - W^T D)^{-1} 1`` (``D = diag(1 - z*²)``) at
     two values of ``b``, to :data:`TOLERANCE_FIX_RTOL` relative (float64). Any method
     is accepted.
+
+    Args:
+        fn: The student's ``fixed_grad(b)``; a bare stub (``raise NotImplementedError``)
+            is reported as not attempted.
+        strict: Raise when the answer is wrong (for solution cells).
+
+    Returns:
+        The :class:`~beyondgrad.exercises.Feedback` (printable), passed or not.
+
+    Raises:
+        ExerciseFailed: With ``strict=True``, when the answer is wrong.
     """
     rtol = TOLERANCE_FIX_RTOL
     with jax.enable_x64(True):

@@ -1,4 +1,9 @@
-"""Figures, the widget's callback and the measured experiments of Chapter 3.
+"""Figures, the widget's callback, the measured experiments and the worked examples of Chapter 3.
+
+The worked examples (a deep-equilibrium layer and its closed-form gradient, ridge
+regression) are the chapter's teaching apparatus: Chapter 3 defines them in view and
+checks that these copies, which the experiments, the exercise checkers and the tests
+use, agree with its own.
 
 Timing and memory come from :mod:`beyondgrad.measure` (one clock policy: wall time,
 warm-up, interleaved repeats; the minimum over repeats is reported, as in Chapters 1
@@ -8,6 +13,7 @@ and 2); the maths is :mod:`beyondgrad.implicit`'s.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -16,16 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondgrad import measure
-from beyondgrad.implicit import (
-    SolverInfo,
-    TangentSolver,
-    anderson_fixed_point,
-    deq_layer,
-    deq_params,
-    fixed_point,
-    newton_root,
-    unrolled_fixed_point,
-)
+from beyondgrad.implicit import Adjoint, SolverInfo, TangentSolver, fixed_point
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -36,9 +33,209 @@ __all__ = [
     "ToleranceReport",
     "benchmark_implicit_vs_unrolled",
     "compare_solvers",
+    "deq_layer",
+    "deq_params",
+    "deq_reference_grad_W",
     "plot_tolerance_report",
+    "ridge_closed_form",
+    "ridge_normal_equations",
     "tolerance_report",
 ]
+
+
+# ------------------------------------------- the chapter's worked examples (its copies)
+
+
+def _check_deq(params: Any, z: Any, name: str, what: str) -> None:
+    if not isinstance(params, dict) or not {"W", "U", "b", "x"} <= set(params):
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise TypeError(
+            f"{name}: params must be a dict with keys W, U, b, x (from deq_params), "
+            f"got {got}"
+        )
+    d = jnp.shape(params["W"])[0] if jnp.ndim(params["W"]) == 2 else None
+    if d is None or jnp.shape(z) != (d,):
+        raise ValueError(
+            f"{name}: {what} must have shape ({d},) to match W of shape "
+            f"{jnp.shape(params['W'])}, got {jnp.shape(z)}"
+        )
+
+
+def deq_layer(z: jax.Array, params: dict[str, jax.Array]) -> jax.Array:
+    """One step of a deep-equilibrium layer: ``tanh(W z + U x + b)``.
+
+    Args:
+        z: The state, shape ``(d,)``.
+        params: A dict with ``W`` (d, d), ``U`` (d, d_in), ``b`` (d,), ``x`` (d_in,),
+            as :func:`deq_params` makes.
+
+    Returns:
+        The next state, shape ``(d,)``.
+
+    Raises:
+        TypeError: ``params`` lacks one of the keys.
+        ValueError: ``z`` does not match ``W``.
+    """
+    _check_deq(params, z, "deq_layer", "z")
+    return jnp.tanh(params["W"] @ z + params["U"] @ params["x"] + params["b"])
+
+
+def deq_params(
+    key: jax.Array,
+    d: int = 64,
+    d_in: int = 16,
+    radius: float = 0.9,
+    input_scale: float = 1.0,
+    dtype: Any = jnp.float32,
+) -> dict[str, jax.Array]:
+    """Parameters for :func:`deq_layer` whose fixed-point map is contractive by construction.
+
+    ``W = radius * Q`` with ``Q`` a random orthogonal matrix, so every singular value
+    and every eigenvalue of ``W`` has modulus ``radius < 1``. Since
+    ``|tanh'| <= 1``, ``||∂f/∂z||_2 <= radius``, so the iteration converges from any start
+    with error ``<= radius^k`` times the first step's (Banach), and ``I - ∂f/∂z`` is
+    invertible: the implicit derivative exists. A small ``input_scale`` (the size of
+    ``U x``) keeps ``tanh`` near its linear regime, where the contraction factor is close
+    to ``radius`` and plain iteration is slow.
+
+    Args:
+        key: A PRNG key (``jax.random.key(0)``; a raw ``PRNGKey`` draws the same).
+        d: State size.
+        d_in: Input size.
+        radius: Contraction factor ``||W||_2``, in ``(0, 1)``.
+        input_scale: Size of ``U x`` and ``b``.
+        dtype: A floating dtype.
+
+    Returns:
+        The dict ``{"W", "U", "b", "x"}`` that :func:`deq_layer` takes.
+
+    Raises:
+        TypeError: A size that is not an int ``>= 1``, a non-floating ``dtype``, a
+            ``key`` that is not a key array.
+        ValueError: ``radius`` outside ``(0, 1)``.
+    """
+    for name, value in (("d", d), ("d_in", d_in)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TypeError(
+                f"deq_params: {name} must be a Python int >= 1 (a size), got {value!r}"
+            )
+    if (
+        isinstance(radius, bool)
+        or not isinstance(radius, (int, float))
+        or not 0 < radius < 1
+    ):
+        raise ValueError(
+            f"deq_params: radius must be a float in (0, 1) for a contraction, "
+            f"got {radius!r}"
+        )
+    if isinstance(input_scale, bool) or not isinstance(input_scale, (int, float)):
+        raise TypeError(f"deq_params: input_scale must be a float, got {input_scale!r}")
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"deq_params: dtype must be a floating dtype, got {dtype!r}")
+    if not isinstance(key, jax.Array):
+        raise TypeError(
+            "deq_params: key must be a PRNG key array, e.g. jax.random.key(0), "
+            f"got {type(key).__name__}"
+        )
+    kw, ku, kb, kx = jax.random.split(key, 4)
+    q, r = jnp.linalg.qr(jax.random.normal(kw, (d, d), dtype))
+    w = radius * q * jnp.sign(jnp.diagonal(r))[None, :]
+    return {
+        "W": w,
+        "U": input_scale * jax.random.normal(ku, (d, d_in), dtype) / math.sqrt(d_in),
+        "b": 0.1 * input_scale * jax.random.normal(kb, (d,), dtype),
+        "x": jax.random.normal(kx, (d_in,), dtype),
+    }
+
+
+def deq_reference_grad_W(
+    params: dict[str, jax.Array], z_star: jax.Array, cotangent: jax.Array
+) -> jax.Array:
+    """Closed-form ``∂(c·z*)/∂W`` for ``z* = tanh(W z* + U x + b)``.
+
+    With ``D = diag(1 - z*^2)``: ``u = (I - D W)^{-T} c`` and the gradient is
+    ``(D u) z*^T``. Independent of ``custom_root``: used to check it.
+
+    Args:
+        params: The layer's parameters (:func:`deq_params`).
+        z_star: The fixed point, shape ``(d,)``.
+        cotangent: ``c``, shape ``(d,)``.
+
+    Returns:
+        ``∂(c·z*)/∂W``, shape ``(d, d)``.
+
+    Raises:
+        TypeError: ``params`` lacks one of the keys.
+        ValueError: ``z_star`` or ``cotangent`` does not match ``W``.
+    """
+    _check_deq(params, z_star, "deq_reference_grad_W", "z_star")
+    _check_deq(params, cotangent, "deq_reference_grad_W", "cotangent")
+    d = 1.0 - z_star**2
+    a = jnp.eye(z_star.shape[0], dtype=z_star.dtype) - d[:, None] * params["W"]
+    u = jnp.linalg.solve(a.T, cotangent)
+    return jnp.outer(d * u, z_star)
+
+
+def _check_ridge(X: Any, y: Any, w: Any) -> None:
+    if jnp.ndim(X) != 2:
+        raise ValueError(
+            f"X must be a (samples, features) matrix, got shape {jnp.shape(X)}"
+        )
+    n, p = jnp.shape(X)
+    if jnp.shape(y) != (n,):
+        raise ValueError(
+            f"y must have shape ({n},) to match X {(n, p)}, got {jnp.shape(y)}"
+        )
+    if w is not None and jnp.shape(w) != (p,):
+        raise ValueError(
+            f"w must have shape ({p},) to match X {(n, p)}, got {jnp.shape(w)}"
+        )
+
+
+def ridge_normal_equations(
+    w: jax.Array, lam: jax.Array, X: jax.Array, y: jax.Array
+) -> jax.Array:
+    """Gradient of ``0.5||Xw - y||^2 + 0.5 lam ||w||^2``; its root is the ridge solution.
+
+    Args:
+        w: Weights, shape ``(p,)``.
+        lam: The ridge penalty.
+        X: Design matrix, shape ``(n, p)``.
+        y: Targets, shape ``(n,)``.
+
+    Returns:
+        ``X^T (X w - y) + lam w``, shape ``(p,)``.
+
+    Raises:
+        ValueError: Shapes that do not match.
+    """
+    _check_ridge(X, y, w)
+    return X.T @ (X @ w - y) + lam * w
+
+
+def ridge_closed_form(
+    lam: jax.Array, X: jax.Array, y: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """``w*(lam) = (X^T X + lam I)^{-1} X^T y`` and ``dw*/dlam = -(X^T X + lam I)^{-1} w*``.
+
+    Args:
+        lam: The ridge penalty.
+        X: Design matrix, shape ``(n, p)``.
+        y: Targets, shape ``(n,)``.
+
+    Returns:
+        ``(w_star, dw_star_dlam)``, each of shape ``(p,)``.
+
+    Raises:
+        ValueError: Shapes that do not match.
+    """
+    _check_ridge(X, y, None)
+    a = X.T @ X + lam * jnp.eye(X.shape[1], dtype=X.dtype)
+    w = jnp.linalg.solve(a, X.T @ y)
+    return w, -jnp.linalg.solve(a, w)
+
+
+# ------------------------------------------------------------------ the tolerance widget
 
 
 class ToleranceReport(NamedTuple):
@@ -73,6 +270,15 @@ def tolerance_report(tol: float) -> ToleranceReport:
     Runs in float64 (inside ``jax.enable_x64``) so the error measured is the solver's, not
     rounding. The exact gradient is ``D (I - W^T D)^{-1} 1`` with
     ``D = diag(1 - z*^2)`` at the fixed point solved to ``1e-14``.
+
+    Args:
+        tol: The solver tolerance, a Python float ``> 0``.
+
+    Returns:
+        A :class:`ToleranceReport`.
+
+    Raises:
+        ValueError: ``tol`` is not a float ``> 0``.
     """
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
         raise ValueError(f"tol must be a Python float > 0, e.g. 1e-6, got {tol!r}")
@@ -149,7 +355,21 @@ def benchmark_implicit_vs_unrolled(
 
     Every solve runs exactly ``N`` steps: the implicit forward once with a ``while_loop``
     whose tolerance (1e-30) is never met, so its norm check runs every step, and once with
-    ``tol=0`` (a static trip count, no check). The unrolled version is a ``scan``.
+    ``tol=0`` (a static trip count, no check). The unrolled version is a ``scan``
+    (``adjoint="unrolled"``).
+
+    Args:
+        iteration_counts: The step counts ``N``, a tuple of ints ``>= 1``.
+        d: Layer width.
+        repeats: Timing repeats (the minimum is kept).
+        min_time: Seconds each timed sample lasts at least.
+        tangent_solver: The implicit gradient's tangent solve.
+
+    Returns:
+        One :class:`BenchmarkRow` per count: times in seconds, XLA temporary bytes.
+
+    Raises:
+        ValueError: Bad counts, sizes or timing options.
     """
     _check_sizes(d, repeats, min_time)
     counts = (
@@ -167,14 +387,22 @@ def benchmark_implicit_vs_unrolled(
     c = jnp.linspace(-1.0, 1.0, d, dtype=jnp.float32)
     w = params["W"]
 
-    def loss(solver: Callable, n: int, tol: float) -> Callable[[jax.Array], jax.Array]:
-        extra = (
-            {} if solver is unrolled_fixed_point else {"tangent_solver": tangent_solver}
-        )
+    def loss(adjoint: Adjoint, n: int, tol: float) -> Callable[[jax.Array], jax.Array]:
+        tangent = None if adjoint == "unrolled" else tangent_solver
 
         def fn(w: jax.Array) -> jax.Array:
             p = {**params, "W": w}
-            z, _ = solver(deq_layer, z0, p, tol=tol, max_iter=n, **extra)
+            # tol=1e-30 is never met on purpose: no convergence check (throw=False)
+            z, _ = fixed_point(
+                deq_layer,
+                z0,
+                p,
+                adjoint=adjoint,
+                tol=tol,
+                max_iter=n,
+                throw=False,
+                tangent_solver=tangent,
+            )
             return c @ z
 
         return fn
@@ -186,9 +414,9 @@ def benchmark_implicit_vs_unrolled(
     rows = []
     for n in counts:
         imp, imp0, unr = (
-            loss(fixed_point, n, 1e-30),
-            loss(fixed_point, n, 0.0),
-            loss(unrolled_fixed_point, n, 0.0),
+            loss("implicit", n, 1e-30),
+            loss("implicit", n, 0.0),
+            loss("unrolled", n, 0.0),
         )
         grad_imp, grad_unr = (
             jax.jit(jax.value_and_grad(imp)),
@@ -235,6 +463,20 @@ def compare_solvers(
 
     The default layer contracts slowly (``||W||_2 = 0.999``, small inputs keep ``tanh``
     near-linear), the regime where plain iteration needs hundreds of steps.
+
+    Args:
+        d: Layer width.
+        tol: The solvers' tolerance, a float ``> 0``.
+        repeats: Timing repeats (the minimum is kept).
+        min_time: Seconds each timed sample lasts at least.
+        radius: ``||W||_2``.
+        input_scale: Size of the inputs ``U x`` and ``b``.
+
+    Returns:
+        One :class:`SolverComparison` per solver: plain iteration, Anderson, Newton.
+
+    Raises:
+        ValueError: Bad sizes, tolerance or timing options.
     """
     _check_sizes(d, repeats, min_time)
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
@@ -245,17 +487,16 @@ def compare_solvers(
     z0 = jnp.zeros((d,), jnp.float32)
     c = jnp.linspace(-1.0, 1.0, d, dtype=jnp.float32)
 
-    def residual_map(z: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
-        return deq_layer(z, p) - z
-
     solvers = {
         "fixed-point iteration": lambda p: fixed_point(
             deq_layer, z0, p, tol=tol, max_iter=100_000
         ),
-        "Anderson (m=5)": lambda p: anderson_fixed_point(
-            deq_layer, z0, p, tol=tol, max_iter=10_000
+        "Anderson (m=5)": lambda p: fixed_point(
+            deq_layer, z0, p, solver="anderson", memory=5, tol=tol, max_iter=10_000
         ),
-        "Newton": lambda p: newton_root(residual_map, z0, p, tol=tol, max_iter=100),
+        "Newton": lambda p: fixed_point(
+            deq_layer, z0, p, solver="newton", tol=tol, max_iter=100
+        ),
     }
     runs = []
     for name, solve in solvers.items():
@@ -283,7 +524,17 @@ def plot_tolerance_report(report: ToleranceReport, ax: Axes | None = None) -> Ax
     """Scatter the implicit gradient against the exact one (one dot per entry of ``b``).
 
     Dots on the diagonal mean the implicit gradient is right; the title gives the solver
-    tolerance, its iterations and the relative gradient error. Returns the axes.
+    tolerance, its iterations and the relative gradient error.
+
+    Args:
+        report: What :func:`tolerance_report` returned.
+        ax: The axes to draw on; a new 3.2-inch figure when ``None``.
+
+    Returns:
+        The axes.
+
+    Raises:
+        TypeError: ``report`` is not a :class:`ToleranceReport`.
     """
     import matplotlib.pyplot as plt
 
