@@ -44,6 +44,7 @@ __all__ = [
     "concrete_value",
     "concreteness_answerers",
     "fallback_linearize_rule",
+    "gloo_loopback_cpu_backend",
     "linearization_rules",
     "linearize_from_jvp",
     "vjp_backward",
@@ -529,9 +530,7 @@ def scan_counts(params: Any) -> tuple[int, int]:
     return len(list(consts)), len(list(carry))
 
 
-# ------------------------------------------------- multi-process tests (issue #27 item 6)
-
-__all__ += ["gloo_loopback_cpu_backend"]
+# ----------------------------------------------------------------- multi-process tests
 
 
 def gloo_loopback_cpu_backend(hostname: str = "127.0.0.1") -> None:
