@@ -120,7 +120,7 @@ def _cast_varying(x, axes: tuple[str, ...], required: bool = True):
     if hasattr(lax, "pcast"):
         return lax.pcast(x, axes, to="varying")
     if hasattr(lax, "pvary") or required:
-        return lax.pvary(x, axes)  # type: ignore[attr-defined]  # removed in 0.12
+        return lax.pvary(x, axes)  # type: ignore[attr-defined]  # removed in 0.10.0
     return x
 
 
