@@ -690,16 +690,6 @@ def test_custom_root_eqn_recognised_in_both_recordings():
     ]
 
 
-def test_integer_aux_probe_pinned_per_version():
-    version = compat.jax_version()
-    if version[:2] == (0, 8):
-        assert compat.custom_root_integer_aux_ok() is False
-    elif version >= (0, 12, 0):
-        assert compat.custom_root_integer_aux_ok() is True
-    else:
-        pytest.skip(f"not pinned for JAX {version}")
-
-
 def _counted_root(M):
     F = lambda E: E - M - 0.5 * jnp.sin(E)
 
@@ -715,14 +705,14 @@ def _counted_root(M):
 def test_custom_root_with_aux_both_branches(monkeypatch, probe):
     monkeypatch.setattr(compat, "_INT_AUX_PROBE", [probe])
     M = jnp.asarray(1.0)
-    direct_works = compat.jax_version() >= (0, 12, 0)
-    if probe and compat.jax_version()[:2] == (0, 8):
-        # the reason for the fallback: 0.8.2 rejects an integer aux under jvp/grad
+    import drift_record
+
+    direct_works = drift_record.expected("custom_root_int_aux").kind == "returns"
+    if probe and not direct_works:
+        # the reason for the fallback: this JAX rejects an integer aux under jvp/grad
         with pytest.raises(TypeError, match="Custom JVP rule must produce"):
             jax.grad(lambda M: _counted_root(M)[0])(M)
         return
-    if probe and not direct_works:
-        pytest.skip(f"direct branch not pinned for JAX {compat.jax_version()}")
     (E, (count, many)), dE = jax.value_and_grad(_counted_root, has_aux=True)(M)
     E_value = float(E)
     assert abs(E_value - 0.5 * np.sin(E_value) - 1.0) < 1e-6
