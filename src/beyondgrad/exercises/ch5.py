@@ -475,7 +475,7 @@ def check_sharded_variance_step(
     if msg:
         return ex.verdict(name, [msg], strict=strict)
     if seed is None:
-        seed = int(np.random.SeedSequence().entropy % 2**31)
+        seed = int(np.random.default_rng().integers(2**31))
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
     sizes = _variance_sizes(int(seed))
