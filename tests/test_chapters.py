@@ -14,9 +14,11 @@ from tools.execute import error_cells, executed_notebook
 SOURCES = book.chapter_sources()
 #: The page's content column at 1280 px holds about 78 characters of code (666 px);
 #: tools/browser.py measures every code block of the built pages against it. Chapters
-#: 0-2 keep to 78; chapters 3-5 still have lines of 79-88 characters, which
-#: _static/fit.css wraps on the page (no sideways scroll) until they are rewritten.
+#: 1-5 keep to 78 (chapter 5 is pinned below); 00_setup.md still has one line of 80
+#: characters, which _static/fit.css wraps on the page (no sideways scroll) until it is
+#: rewritten, then this limit becomes 78.
 MAX_CODE_LINE = 88
+PAGE_CODE_LINE = 78
 #: Tags that keep a cell's code off the page.
 HIDDEN = {"remove-cell", "remove-input"}
 
@@ -68,6 +70,15 @@ def test_code_lines_fit_the_page(source):
     long = long_code_lines(source)
     assert not long, (
         f"{len(long)} code line(s) over {MAX_CODE_LINE} characters:\n" + "\n".join(long)
+    )
+
+
+def test_chapter5_code_lines_fit_the_content_column():
+    source = book.CHAPTERS / "05_laplacians.md"
+    found = long_code_lines(source, PAGE_CODE_LINE)
+    assert not found, (
+        f"{len(found)} code line(s) over {PAGE_CODE_LINE} characters:\n"
+        + "\n".join(found)
     )
 
 

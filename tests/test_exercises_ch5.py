@@ -58,8 +58,8 @@ def test_fl_right_answer_passes_and_says_what_was_checked():
     fb = ch5.check_fl_multiply(fl_multiply, strict=True)
     assert fb.passed and fb.attempted
     assert (
-        f"match jax.hessian at 3 points (float64, |error| <= {ch5.FL_ATOL:g} + "
-        f"{ch5.FL_RTOL:g}*|expected|)" in text(fb)
+        f"match jax.hessian at 3 points (float64, |error| <= {ch5.FL_TOL:g} "
+        "(1 + |expected|))" in text(fb)
     )
 
 
@@ -72,22 +72,23 @@ def _scaled(answer, factor):
     return scaled
 
 
-def _pin(check, answer, rtol):
-    """An answer 3x the relative tolerance off is rejected, 0.3x off is accepted.
+def _pin(check, answer, tol):
+    """An answer 3x the tolerance off is rejected, 0.3x off is accepted.
 
-    Loosening the checker's tolerance 10x makes the first assertion fail; tightening
-    it 10x (toward the measured error of correct answers) makes the second fail.
+    ``tol`` is written out in the calls, not read from the checker: loosening the
+    checker's tolerance 10x makes the first assertion fail, tightening it 10x (below
+    the measured error of correct answers) makes the second fail.
     """
-    far = check(_scaled(answer, 1 + 3 * rtol))
+    far = check(_scaled(answer, 1 + 3 * tol))
     assert not far.passed and far.attempted, text(far)
     assert "differs from the reference" in text(far), text(far)
-    near = check(_scaled(answer, 1 + 0.3 * rtol))
+    near = check(_scaled(answer, 1 + 0.3 * tol))
     assert near.passed, text(near)
 
 
 def test_fl_tolerance_is_pinned():
-    # correct answers: 8.8e-16 relative (9.2e-15 on an entry of 1.4e-3), FL_RTOL 1e-14
-    _pin(ch5.check_fl_multiply, fl_multiply, ch5.FL_RTOL)
+    # FL_TOL 3e-15; the book's formula is off by <= 3.8e-16 (1 + |expected|)
+    _pin(ch5.check_fl_multiply, fl_multiply, 3e-15)
 
 
 @pytest.mark.parametrize(
@@ -185,17 +186,16 @@ def test_row_right_answers_pass_any_method_is_accepted():
     for answer in (row_second, row_by_autodiff):
         fb = ch5.check_row_update_second_derivative(answer, strict=True)
         assert fb.passed
-    assert (
-        f"3 matrices, float64, |error| <= {ch5.ROW_ATOL:g} + {ch5.ROW_RTOL:g}"
-        in text(fb)
+    assert f"3 matrices, float64, |error| <= {ch5.ROW_TOL:g} (1 + |expected|))" in text(
+        fb
     )
 
 
 def test_row_tolerance_is_pinned_with_independent_answers():
-    # correct answers (solve, inv, autodiff) differ from the reference by <= 6.5e-16
-    # relative; ROW_RTOL is 5e-15
+    # ROW_TOL 1e-15; correct answers (solve, inv, autodiff) are off by <= 1.3e-16
+    # (1 + |expected|)
     for answer in (row_second, row_by_autodiff):
-        _pin(ch5.check_row_update_second_derivative, answer, ch5.ROW_RTOL)
+        _pin(ch5.check_row_update_second_derivative, answer, 1e-15)
 
 
 @pytest.mark.parametrize(
@@ -261,7 +261,9 @@ def test_row_bad_inputs_each_get_their_message(answer, expected):
 
 
 # ---------------------------------------------------------------------------------------
-# 5.3: the sharded kinetic step
+# 5.3: the sharded variance step
+
+SEED = 3  # sizes drawn by the checker from this seed (the tests repeat them)
 
 
 def _kinetic(p, x, *, cast=True):
@@ -273,96 +275,146 @@ def _kinetic(p, x, *, cast=True):
     return -0.5 * (jnp.trace(jax.vmap(hvp)(eye)) + g @ g)
 
 
-def sharded_step(params, walkers):
-    def mean(p):
-        local = jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers)
-        return lax.psum(jnp.sum(local), "data") / (
-            walkers.shape[0] * lax.axis_size("data")
-        )
-
-    return jax.value_and_grad(mean)(params)
+def _all(t):
+    """(sum over all walkers, their number) of the per-walker values t."""
+    return lax.psum(jnp.sum(t), "data"), t.shape[0] * lax.axis_size("data")
 
 
-def loop_step(params, walkers):
-    """A second method (loop over the basis), written independently."""
+def variance_step(params, walkers):
+    def variance(p):
+        t = jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers)
+        total, count = _all(t)
+        return _all((t - total / count) ** 2)[0] / count
+
+    return jax.value_and_grad(variance)(params)
+
+
+def moments_step(params, walkers):
+    """A second method, written independently: the Hessian's trace, and E[T^2] - E[T]^2."""
 
     def kinetic(p, x):
         f = lambda v: wavefunctions.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
-        g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
-        eye = lax.pcast(jnp.eye(g.shape[0], dtype=g.dtype), "data", to="varying")
-        body = lambda i, acc: acc + hvp(eye[i])[i]  # noqa: E731
-        return -0.5 * (lax.fori_loop(0, g.shape[0], body, jnp.zeros_like(g[0])) + g @ g)
+        v = x.reshape(-1)
+        return -0.5 * (jnp.trace(jax.hessian(f)(v)) + jnp.sum(jax.grad(f)(v) ** 2))
 
+    def variance(p):
+        t = jax.vmap(kinetic, in_axes=(None, 0))(p, walkers)
+        (s1, n), (s2, _) = _all(t), _all(t * t)
+        return s2 / n - (s1 / n) ** 2
+
+    return jax.value_and_grad(variance)(params)
+
+
+def per_device_variance(params, walkers):
+    def variance(p):
+        t = jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers)
+        return lax.pmean(jnp.var(t), "data")
+
+    return jax.value_and_grad(variance)(params)
+
+
+def unbiased_variance(params, walkers):
+    def variance(p):
+        t = jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers)
+        total, count = _all(t)
+        return _all((t - total / count) ** 2)[0] / (count - 1)
+
+    return jax.value_and_grad(variance)(params)
+
+
+def mean_not_variance(params, walkers):
     def mean(p):
-        return (
-            lax.psum(jnp.sum(jax.vmap(kinetic, in_axes=(None, 0))(p, walkers)), "data")
-            / 16
-        )
+        total, count = _all(jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers))
+        return total / count
 
     return jax.value_and_grad(mean)(params)
 
 
-def pmean_of_grad(params, walkers):
-    """The device-count bug: local mean, its gradient, then a psum of both."""
-    local = lambda p: jnp.mean(jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers))  # noqa: E731
-    e, g = jax.value_and_grad(local)(params)
-    return lax.pmean(e, "data"), jax.tree.map(lambda t: lax.pmean(t, "data"), g)
+def psum_of_grad(params, walkers):
+    """The device-count bug: the right variance, then a psum of its gradient."""
+    value, grad = variance_step(params, walkers)
+    return value, jax.tree.map(lambda t: lax.psum(t, "data"), grad)
 
 
-def psum_of_means(params, walkers):
-    def mean(p):
-        return lax.psum(
-            jnp.mean(jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers)), "data"
-        )
-
-    return jax.value_and_grad(mean)(params)
-
-
-def test_sharded_right_answers_pass():
-    for answer in (sharded_step, loop_step):
-        fb = ch5.check_sharded_kinetic_step(answer, strict=True)
+def test_sharded_right_answers_pass_at_drawn_sizes():
+    for answer in (variance_step, moments_step):
+        fb = ch5.check_sharded_variance_step(answer, strict=True, seed=SEED)
         assert fb.passed
-    assert "runs in shard_map over 'data' (8 devices, check_vma=True)" in text(fb)
-    assert f"{ch5.STEP_ATOL:g} + {ch5.STEP_RTOL:g}*|expected|" in text(fb)
+    out = text(fb)
+    assert "runs in shard_map over 'data' (8 devices, check_vma=True)" in out
+    assert f"|error| <= {ch5.VAR_TOL:g} (1 + max|expected|)" in out
+    assert f"seed={SEED}: " in out and f"rerun with seed={SEED}" in out
+
+
+def test_sharded_sizes_are_drawn_beyond_any_small_unroll():
+    sizes = {tuple(ch5._variance_sizes(seed)) for seed in range(40)}
+    electrons = {e for case in sizes for e, _ in case}
+    walkers = {w for case in sizes for _, w in case}
+    assert electrons == set(ch5.VAR_ELECTRONS) and min(electrons) > 3  # 5.8 has 3
+    assert walkers == set(ch5.VAR_WALKERS_PER_DEVICE)
+    assert all(len({e for e, _ in case}) == ch5.VAR_CASES for case in sizes)
+    assert len(sizes) > 10
+    # a fresh seed each call unless one is given; the message names it
+    fb = ch5.check_sharded_variance_step(mean_not_variance)
+    assert "rerun with seed=" in text(fb)
 
 
 def test_sharded_tolerance_is_pinned():
-    # correct answers differ from the reference by <= 5.5e-13 absolute (1.2e-11
-    # relative only on entries below 0.05); STEP_RTOL 1e-11, STEP_ATOL 5e-12. Scaled
-    # by 1 + 3 * STEP_RTOL, the largest gradient entries (about 36) are off by 1.1e-9.
-    _pin(ch5.check_sharded_kinetic_step, sharded_step, ch5.STEP_RTOL)
+    # VAR_TOL is 1e-13 (the numbers below are written out, so that loosening it 10x
+    # fails here): correct answers are off by <= 1.8e-14 (1 + max|expected|). An answer
+    # off by 3e-13 relative (3x) is rejected, 3e-14 (0.3x) accepted.
+    far = ch5.check_sharded_variance_step(_scaled(variance_step, 1 + 3e-13), seed=SEED)
+    assert not far.passed and "differs from the reference" in text(far), text(far)
+    near = ch5.check_sharded_variance_step(_scaled(variance_step, 1 + 3e-14), seed=SEED)
+    assert near.passed, text(near)
 
 
-def test_sharded_near_misses():
-    fb = ch5.check_sharded_kinetic_step(pmean_of_grad)
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        (per_device_variance, "the mean of each device's own variance"),
+        (unbiased_variance, "you divided by N - 1"),
+        (
+            mean_not_variance,
+            "you returned the mean kinetic energy; return its variance",
+        ),
+        (
+            psum_of_grad,
+            "your gradient is 8 x the single-device gradient (8 devices): the "
+            "device-count bug",
+        ),
+        (
+            lambda p, w: (variance_step(p, w)[0], _scaled(variance_step, 2.0)(p, w)[1]),
+            "your gradient is +2 x the right one: differentiate the variance itself",
+        ),
+    ],
+    ids=["per-device", "n-minus-1", "mean", "psum-of-grad", "twice-the-gradient"],
+)
+def test_sharded_near_misses_say_what_to_change(answer, expected):
+    fb = ch5.check_sharded_variance_step(answer, seed=SEED)
     assert not fb.passed
-    assert (
-        "your gradient is +8 x the single-device gradient (8 devices): the device-count bug"
-        in text(fb)
-    )
-    fb = ch5.check_sharded_kinetic_step(psum_of_means)
-    assert "your energy is +8 x the mean over all 16 walkers: divide the psum" in text(
-        fb
-    )
+    assert expected in text(fb), text(fb)
+    assert f"(sizes drawn with seed={SEED}:" in text(fb)
 
 
 def test_sharded_uncast_basis_keeps_jax_hint_and_names_the_mesh():
-    fb = ch5.check_sharded_kinetic_step(_uncast)
+    fb = ch5.check_sharded_variance_step(_uncast, seed=SEED)
     out = text(fb)
     assert (
-        "your step inside shard_map raised ValueError: linearized function called on tangent values"
-        in out
+        "your step inside shard_map raised ValueError: linearized function called on "
+        "tangent values" in out
     )
     assert "pcast(..., ('data',), to='varying')" in out  # JAX's own hint survives
     assert "one axis named 'data'" in out
 
 
 def _uncast(params, walkers):
-    def mean(p):
-        local = jax.vmap(lambda x: _kinetic(p, x, cast=False))(walkers)
-        return lax.psum(jnp.sum(local), "data") / 16
+    def variance(p):
+        t = jax.vmap(lambda x: _kinetic(p, x, cast=False))(walkers)
+        total, count = _all(t)
+        return _all((t - total / count) ** 2)[0] / count
 
-    return jax.value_and_grad(mean)(params)
+    return jax.value_and_grad(variance)(params)
 
 
 def _wrong_axis(params, walkers):
@@ -381,22 +433,22 @@ SHARD_BAD = [
     ),
     (
         "nan",
-        lambda p, w: (jnp.float64(jnp.nan) * jnp.ones(()), sharded_step(p, w)[1]),
+        lambda p, w: (jnp.float64(jnp.nan) * jnp.ones(()), variance_step(p, w)[1]),
         "nan/inf",
     ),
     (
         "not-a-pair",
-        lambda p, w: (sharded_step(p, w)[0],),
-        "return a pair (mean kinetic energy, gradient)",
+        lambda p, w: (variance_step(p, w)[0],),
+        "return a pair (variance, gradient), as jax.value_and_grad does",
     ),
     (
         "wrong-dtype",
-        lambda p, w: (sharded_step(p, w)[0].astype(jnp.int32), sharded_step(p, w)[1]),
-        "the energy has dtype int32",
+        lambda p, w: (variance_step(p, w)[0].astype(jnp.int32), variance_step(p, w)[1]),
+        "the variance has dtype int32",
     ),
     (
         "wrong-shape",
-        lambda p, w: (sharded_step(p, w)[0][None], sharded_step(p, w)[1]),
+        lambda p, w: (variance_step(p, w)[0][None], variance_step(p, w)[1]),
         "has shape (1,)",
     ),
 ]
@@ -406,6 +458,11 @@ SHARD_BAD = [
     "answer, expected", [c[1:] for c in SHARD_BAD], ids=[c[0] for c in SHARD_BAD]
 )
 def test_sharded_bad_inputs_each_get_their_message(answer, expected):
-    fb = ch5.check_sharded_kinetic_step(answer)
+    fb = ch5.check_sharded_variance_step(answer, seed=SEED)
     assert not fb.passed
     assert expected in text(fb), text(fb)
+
+
+def test_sharded_bad_seed_is_refused():
+    with pytest.raises(TypeError, match="seed must be an int or None, got str"):
+        ch5.check_sharded_variance_step(variance_step, seed="3")

@@ -269,3 +269,128 @@ def test_benchmark_bad_arguments(tmp_path):
         figs.benchmark_series(record(), "mlp", value="speed")
     with pytest.raises(ValueError, match="need 2 axes"):
         figs.plot_benchmark(record(), axes=[None])
+
+
+def _styles(axes) -> dict[str, set]:
+    """{label: the (colour, marker) pairs its lines use} over all panels of a figure."""
+    import matplotlib.colors as mcolors
+
+    found: dict[str, set] = {}
+    for ax in axes:
+        for line in ax.get_lines():
+            pair = (mcolors.to_hex(line.get_color()), line.get_marker())
+            found.setdefault(str(line.get_label()), set()).add(pair)
+    return found
+
+
+def _many_methods(count: int) -> dict:
+    data = record()
+    base = data["rows"][0]
+    data["rows"] = [
+        {**base, "family": fam, "n": n, "method": f"method {k:02d}"}
+        for fam in ("mlp", "gto")
+        for n in (8, 32)
+        for k in range(count)
+    ]
+    return data
+
+
+@pytest.mark.parametrize(
+    "data",
+    [figs.load_benchmark(), _many_methods(12), _many_methods(25)],
+    ids=["recorded", "12 methods", "25 methods"],
+)
+def test_no_two_series_of_the_cost_plot_share_colour_and_marker(data):
+    import matplotlib.pyplot as plt
+
+    axes = figs.plot_benchmark(data)
+    styles = _styles(axes)
+    plt.close(axes[0].figure)
+    methods = {r["method"] for r in data["rows"]}
+    assert set(styles) == methods
+    # each series keeps one style in every panel, and no two series share one
+    assert all(len(pairs) == 1 for pairs in styles.values()), styles
+    pairs = [next(iter(p)) for p in styles.values()]
+    assert len(set(pairs)) == len(pairs), sorted(zip(pairs, styles))
+
+
+def test_series_styles_are_distinct_up_to_sixty_and_refuse_more():
+    styles = figs.series_styles([f"s{k}" for k in range(60)])
+    assert len(set(styles.values())) == 60
+    with pytest.raises(ValueError, match="at most 60 series"):
+        figs.series_styles([f"s{k}" for k in range(61)])
+    with pytest.raises(ValueError, match="must be distinct"):
+        figs.series_styles(["a", "a"])
+
+
+def _with_targets(**check):
+    data = record()
+    data["targets"] = {"ratio_folx_best": 0.5, "growth_exponent": 3.0}
+    data["target_checks"] = [
+        {
+            "family": "mlp",
+            "n": 32,
+            "ratio_folx_best": 0.6,
+            "growth_exponent": None,
+            "pass": {"ratio_folx_best": False},
+            **check,
+        }
+    ]
+    return data
+
+
+def test_benchmark_targets_read_the_values_and_verdicts_of_the_record():
+    assert figs.benchmark_targets(_with_targets()) == [
+        {
+            "family": "mlp",
+            "n": 32,
+            "values": {"ratio_folx_best": 0.6, "growth_exponent": None},
+            "met": {"ratio_folx_best": False, "growth_exponent": None},
+        }
+    ]
+    met = figs.benchmark_targets(
+        _with_targets(ratio_folx_best=0.5, **{"pass": {"ratio_folx_best": True}})
+    )
+    assert met[0]["met"]["ratio_folx_best"] is True  # the bound itself is met
+
+
+def test_benchmark_targets_refuse_verdicts_that_contradict_the_values():
+    data = _with_targets(**{"pass": {"ratio_folx_best": True}})
+    with pytest.raises(ValueError, match="do not follow from the recorded values"):
+        figs.benchmark_targets(data)
+    with pytest.raises(ValueError, match="re-record it"):
+        figs.benchmark_targets(record())
+
+
+def test_the_recorded_benchmark_has_targets_and_a_time_split():
+    data = figs.load_benchmark()
+    targets = figs.benchmark_targets(data)
+    assert {t["n"] for t in targets} == {32, 64}
+    assert set(targets[0]["values"]) == set(data["targets"])
+    split = figs.time_split(data, 64)
+    assert {s["family"] for s in split} == {r["family"] for r in data["rows"]}
+    for s in split:
+        assert set(s["parts_ms"]) == {"orbitals", "LU+inverse", "row sums"}
+        assert s["method_ms"] > 0
+
+
+def test_time_split_pairs_the_method_with_its_parts():
+    data = record()
+    row = {**data["rows"][0], "method": "slater_laplacian", "min_ms": 3.0}
+    data["rows"].append(row)  # mlp, n = 32
+    data["parts"] = [
+        {"family": "mlp", "n": 32, "part": "orbitals", "min_ms": 2.0},
+        {"family": "mlp", "n": 32, "part": "LU+inverse", "min_ms": 0.5},
+    ]
+    assert figs.time_split(data, 32) == [
+        {
+            "family": "mlp",
+            "method_ms": 3.0,
+            "parts_ms": {"orbitals": 2.0, "LU+inverse": 0.5},
+        }
+    ]
+    with pytest.raises(ValueError, match=r"no parts timed alone at n = 8; .*\[32\]"):
+        figs.time_split(data, 8)
+    data["parts"][0]["family"] = "gto"
+    with pytest.raises(ValueError, match="no slater_laplacian row for 'gto'"):
+        figs.time_split(data, 32)

@@ -155,8 +155,8 @@ def _row_second_derivative_wrong_sign(a, i, u):
     return (u @ jnp.linalg.solve(a, jnp.eye(a.shape[0], dtype=a.dtype)[:, i])) ** 2
 
 
-def _sharded_kinetic(
-    params, walkers, *, cast_basis=True, varying_init=True, pmean_grad=False
+def _sharded_variance(
+    params, walkers, *, cast_basis=True, varying_init=True, psum_grad=False, ddof=0
 ):
     from beyondgrad import wavefunctions
 
@@ -170,13 +170,18 @@ def _sharded_kinetic(
         lap = lax.fori_loop(0, g.shape[0], lambda i, acc: acc + hvp(eye[i])[i], init)
         return -0.5 * (lap + g @ g)
 
-    energies = lambda p: jax.vmap(kinetic, in_axes=(None, 0))(p, walkers)  # noqa: E731
-    if pmean_grad:  # the local mean's gradient, then a pmean
-        e, g = jax.value_and_grad(lambda p: jnp.mean(energies(p)))(params)
-        return lax.pmean(e, "data"), jax.tree.map(lambda t: lax.pmean(t, "data"), g)
-    return jax.value_and_grad(lambda p: lax.psum(jnp.sum(energies(p)), "data") / 16)(
-        params
-    )
+    def variance(p):
+        t = jax.vmap(kinetic, in_axes=(None, 0))(p, walkers)
+        if ddof == "per-device":  # each device's own variance, then a pmean
+            return lax.pmean(jnp.var(t), "data")
+        count = walkers.shape[0] * lax.axis_size("data")
+        mean = lax.psum(jnp.sum(t), "data") / count
+        return lax.psum(jnp.sum((t - mean) ** 2), "data") / (count - ddof)
+
+    value, grad = jax.value_and_grad(variance)(params)
+    if psum_grad:
+        grad = jax.tree.map(lambda t: lax.psum(t, "data"), grad)
+    return value, grad
 
 
 def _unrolled_8(x, n):  # Chapter 1, exercise 1.1: a loop unrolled to 8 steps
@@ -452,27 +457,42 @@ MISTAKES = [
         "the sign is flipped: along a rank-one update of one row, log|det| is concave",
     ),
     Mistake(
+        "ch5-per-device-variance",
+        lambda: ex5.check_sharded_variance_step(
+            functools.partial(_sharded_variance, ddof="per-device"), seed=3
+        ),
+        "your variance is the mean of each device's own variance: the deviations must "
+        "be taken from the mean over all walkers",
+    ),
+    Mistake(
+        "ch5-n-minus-1",
+        lambda: ex5.check_sharded_variance_step(
+            functools.partial(_sharded_variance, ddof=1), seed=3
+        ),
+        "you divided by N - 1",
+    ),
+    Mistake(
         "ch5-uncast-eye",
-        lambda: ex5.check_sharded_kinetic_step(
-            functools.partial(_sharded_kinetic, cast_basis=False)
+        lambda: ex5.check_sharded_variance_step(
+            functools.partial(_sharded_variance, cast_basis=False), seed=3
         ),
         "your step inside shard_map raised ValueError: linearized function called on tangent values "
         "inconsistent with the original primal values",
     ),
     Mistake(
         "ch5-invariant-init",
-        lambda: ex5.check_sharded_kinetic_step(
-            functools.partial(_sharded_kinetic, varying_init=False)
+        lambda: ex5.check_sharded_variance_step(
+            functools.partial(_sharded_variance, varying_init=False), seed=3
         ),
         "your step inside shard_map raised TypeError: scan body function carry input and carry output "
         "must have equal types, but they differ",
     ),
     Mistake(
-        "ch5-pmean-of-grad",
-        lambda: ex5.check_sharded_kinetic_step(
-            functools.partial(_sharded_kinetic, pmean_grad=True)
+        "ch5-psum-of-grad",
+        lambda: ex5.check_sharded_variance_step(
+            functools.partial(_sharded_variance, psum_grad=True), seed=3
         ),
-        "your gradient is +8 x the single-device gradient (8 devices): the device-count bug",
+        "your gradient is 8 x the single-device gradient (8 devices): the device-count bug",
     ),
     Mistake(
         "ch4-invariant-carry",

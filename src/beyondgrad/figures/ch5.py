@@ -26,7 +26,9 @@ __all__ = [
     "BENCHMARK_FIELDS",
     "BENCHMARK_RESOURCE",
     "ROW_FIELDS",
+    "MARKERS",
     "benchmark_series",
+    "benchmark_targets",
     "describe_benchmark",
     "describe_tradeoff",
     "float32_accuracy",
@@ -34,6 +36,8 @@ __all__ = [
     "load_benchmark",
     "plot_benchmark",
     "plot_tradeoff",
+    "series_styles",
+    "time_split",
 ]
 
 #: The recorded benchmark, a file of this package.
@@ -52,6 +56,10 @@ ROW_FIELDS = (
     "temp_bytes",
     "rel_err",
 )
+
+#: Markers of the benchmark plot's series; with the 10 colours of matplotlib's default
+#: cycle, (colour, marker) repeats only after lcm(10, 12) = 60 series.
+MARKERS = "os^vD<>ph*XP"
 
 Profile = Mapping[int, Mapping[str, float]]
 
@@ -307,6 +315,98 @@ def float32_accuracy(data: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
     return table
 
 
+def series_styles(names: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """``{name: (colour, marker)}``, a different pair for each of up to 60 names.
+
+    Colours cycle through matplotlib's ten (``C0``-``C9``) and markers through the
+    twelve of :data:`MARKERS`, so the k-th name gets ``(C{k % 10}, MARKERS[k % 12])``.
+    """
+    names = list(names)
+    if len(set(names)) != len(names):
+        raise ValueError(f"names must be distinct, got {names}")
+    limit = math.lcm(10, len(MARKERS))
+    if len(names) > limit:
+        raise ValueError(
+            f"at most {limit} series get distinct (colour, marker) pairs, got "
+            f"{len(names)}: split the plot"
+        )
+    return {
+        name: (f"C{k % 10}", MARKERS[k % len(MARKERS)]) for k, name in enumerate(names)
+    }
+
+
+def benchmark_targets(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The recorded targets of ``benchmarks/laplacian.py`` (issue 26 item 5) and
+    whether the recorded run met them.
+
+    One dict per family and size with ``family``, ``n`` and, per target name of the
+    record's ``targets`` (each an upper bound), ``values[name]`` (the measured value, or
+    ``None`` where the record has none, e.g. growth at the smaller size) and
+    ``met[name]`` (``True``/``False``, or ``None`` with the value). Read from the
+    record's ``target_checks``; nothing is re-measured.
+    """
+    d = _check_record(dict(data), "data")
+    if "targets" not in d or "target_checks" not in d:
+        raise ValueError(
+            "the record has no 'targets'/'target_checks': re-record it with "
+            "benchmarks/laplacian.py --record"
+        )
+    limits = dict(d["targets"])
+    table = []
+    for check in d["target_checks"]:
+        values = {name: check.get(name) for name in limits}
+        met = {
+            name: None if v is None else bool(v <= limits[name])
+            for name, v in values.items()
+        }
+        recorded = check.get("pass", {})
+        wrong = [k for k, ok in recorded.items() if k in met and met[k] != ok]
+        if wrong:
+            raise ValueError(
+                f"{check['family']} n={check['n']}: the recorded verdicts {wrong} do "
+                "not follow from the recorded values and targets: re-record it"
+            )
+        table.append(
+            {"family": check["family"], "n": check["n"], "values": values, "met": met}
+        )
+    return table
+
+
+def time_split(data: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
+    """Where ``slater_laplacian``'s time goes at ``n`` electrons, per family.
+
+    Each dict has ``family``, ``method_ms`` (the method's recorded minimum time) and
+    ``parts_ms`` (``{part: minimum time}`` of the parts timed alone in the same run:
+    the orbitals' value and derivatives, the LU and inverse, the row sums).
+    """
+    d = _check_record(dict(data), "data")
+    parts = [p for p in d.get("parts", []) if p["n"] == n]
+    if not parts:
+        raise ValueError(
+            f"the record has no parts timed alone at n = {n}; recorded sizes: "
+            f"{sorted({p['n'] for p in d.get('parts', [])})}"
+        )
+    split = []
+    for family in dict.fromkeys(p["family"] for p in parts):
+        row = [
+            r
+            for r in d["rows"]
+            if (r["family"], r["n"], r["method"]) == (family, n, "slater_laplacian")
+        ]
+        if not row:
+            raise ValueError(f"no slater_laplacian row for {family!r} at n = {n}")
+        split.append(
+            {
+                "family": family,
+                "method_ms": row[0]["min_ms"],
+                "parts_ms": {
+                    p["part"]: p["min_ms"] for p in parts if p["family"] == family
+                },
+            }
+        )
+    return split
+
+
 def plot_benchmark(
     data: Mapping[str, Any], axes: Sequence[Axes] | None = None
 ) -> Sequence[Axes]:
@@ -326,8 +426,7 @@ def plot_benchmark(
         axes = list(grid[0])
     if len(axes) != len(families):
         raise ValueError(f"need {len(families)} axes (one per family), got {len(axes)}")
-    methods = sorted({r["method"] for r in rows})
-    styles = {m: (f"C{k % 10}", "os^vD<>ph*"[k % 10]) for k, m in enumerate(methods)}
+    styles = series_styles(sorted({r["method"] for r in rows}))
     for ax, family in zip(axes, families):
         series = benchmark_series(data, family)
         for method, (ns, ratios) in series.items():
