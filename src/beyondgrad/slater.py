@@ -142,12 +142,13 @@ def _check_orbitals(
        values (abstract evaluation, no FLOPs).
     2. A network written for all electrons often also runs on a batch of ``m``
        positions: it either returns ``(n,)`` values for any ``m`` (it pools over the
-       electrons it is given: refused), or ``(m, n)`` rows. Those rows are compared
-       with the rows computed one electron at a time, on ``m`` fixed probe positions;
-       if they differ, row ``i`` depended on other electrons: refused. The value
-       comparison needs concrete values: it is skipped when ``orbitals`` closes over
-       traced values (e.g. parameters under ``jit``); call once outside ``jit`` to
-       have it checked.
+       electrons it is given: refused), or ``m * n`` values (``(m, n)`` rows, or the
+       same flattened or transposed). Those are compared with the rows computed one
+       electron at a time, on ``m`` fixed probe positions; if they differ, row ``i``
+       depended on other electrons: refused (:func:`_check_one_electron`). Parameters
+       that ``orbitals`` closes over and that are traced (under ``jit``, ``vmap`` or
+       ``grad``) are replaced by fixed stand-in values for this comparison, so the
+       check also runs inside a jitted VMC step.
     """
     if not callable(orbitals):
         raise TypeError(
@@ -195,7 +196,18 @@ def _check_orbitals(
 def _check_one_electron(
     orbitals: Callable[[jax.Array], jax.Array], n: int, dtype: Any
 ) -> None:
-    """Step 2 of :func:`_check_orbitals`: refuse orbitals that read several electrons."""
+    """Step 2 of :func:`_check_orbitals`: refuse orbitals that read several electrons.
+
+    A network written for any number of electrons runs on ``m`` positions at once; its
+    output then holds ``n`` values (pooled: refused) or ``m * n`` values, in whatever
+    layout (``(m, n)``, flattened, ``(n, m)``). Those are compared, row-major and
+    transposed, with the ``m`` rows computed one electron at a time; neither matching
+    means that a row read other electrons: refused. The comparison runs on fixed probe
+    positions through ``orbitals``' jaxpr, so it also runs when ``orbitals`` closes over
+    traced values (parameters under ``jit``, ``vmap`` or ``grad``): those are replaced
+    by fixed generic stand-ins of the same shape and dtype, which is enough to see
+    whether rows mix.
+    """
     m = _probe_size(n)
     shapes = []
     for size in (m, m + 1):
@@ -213,21 +225,19 @@ def _check_one_electron(
             "row per position (reduce over axis=-1, not over the whole array). "
             f"{_all_electrons_hint()}"
         )
-    if shapes[0] != (m, n):
+    if shapes[0] is None or int(np.prod(shapes[0])) != m * n:
+        return  # neither pooled nor one row per position: nothing to compare
+    rows = _rows_together_and_alone(orbitals, m, dtype)
+    if rows is None:
         return
-    try:
-        with jax.ensure_compile_time_eval():  # concrete, even under jit or vmap
-            probe = _probe_positions(m, dtype)
-            together = orbitals(probe)
-            alone = jnp.stack([orbitals(probe[i]) for i in range(m)])
-            if isinstance(together, jax.core.Tracer) or isinstance(
-                alone, jax.core.Tracer
-            ):
-                return  # orbitals close over traced values: cannot compare
-            gap = float(jnp.max(jnp.abs(together - alone)))
-            scale = float(jnp.max(jnp.abs(alone)))
-    except Exception:  # cannot be evaluated here (e.g. a traced closure): skip
-        return
+    together, alone = rows
+    scale = float(np.max(np.abs(alone)))
+    gap = min(
+        float(np.max(np.abs(layout - alone)))
+        for layout in (together.reshape(m, n), together.reshape(n, m).T)
+    )
+    if not (np.isfinite(gap) and np.isfinite(scale)):
+        return  # the stand-in values overflowed: cannot compare
     tol = 100 * float(jnp.finfo(dtype).eps) * max(scale, 1.0)
     if not gap <= tol:
         raise ValueError(
@@ -236,6 +246,48 @@ def _check_one_electron(
             f"{scale:.3g}), so each orbital depends on every electron and the row "
             f"formula would give a wrong Laplacian. {_all_electrons_hint()}"
         )
+
+
+def _stand_in(value: Any, k: int) -> jax.Array:
+    """A fixed, generic concrete array shaped like the traced ``value`` (the ``k``-th)."""
+    shape, dtype = jnp.shape(value), jnp.result_type(value)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        size = int(np.prod(shape))
+        grid = np.sin(1.3 * np.arange(size, dtype=np.float64) + 0.7 + k)
+        return jnp.asarray(0.5 * grid.reshape(shape), dtype)
+    return jnp.zeros(shape, dtype)  # indices, counts, flags: the first
+
+
+def _rows_together_and_alone(
+    orbitals: Callable[[jax.Array], jax.Array], m: int, dtype: Any
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(orbitals(P).ravel(), stack of orbitals(P[i]))`` at ``m`` probe positions ``P``,
+    as NumPy arrays; traced closed-over values replaced by :func:`_stand_in`. ``None``
+    when that cannot be evaluated here (the check is then skipped)."""
+
+    def both(p: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jnp.ravel(orbitals(p)), jnp.stack([orbitals(p[i]) for i in range(m)])
+
+    try:
+        closed = jax.make_jaxpr(both)(jax.ShapeDtypeStruct((m, 3), dtype))
+        with jax.ensure_compile_time_eval():  # concrete, even under jit or vmap
+            consts = [
+                _stand_in(c, k) if compat.is_tracer(c) else c
+                for k, c in enumerate(closed.consts)
+            ]
+            env: dict[Any, Any] = dict(zip(closed.jaxpr.constvars, consts))
+            env[closed.jaxpr.invars[0]] = _probe_positions(m, dtype)
+            for eqn in closed.jaxpr.eqns:
+                ins = [compat.jaxpr_atom_value(a, env) for a in eqn.invars]
+                env.update(zip(eqn.outvars, compat.bind_equation(eqn, ins)))
+            together, alone = (
+                compat.jaxpr_atom_value(a, env) for a in closed.jaxpr.outvars
+            )
+            if compat.is_tracer(together) or compat.is_tracer(alone):
+                return None
+            return np.asarray(together), np.asarray(alone)
+    except Exception:  # e.g. a closed-over PRNG key: cannot evaluate here, skip
+        return None
 
 
 def slater_matrix(
