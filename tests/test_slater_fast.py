@@ -626,6 +626,38 @@ def test_the_hint_recommends_methods_that_work_on_the_running_jax():
         assert ("not method='folx'" in hint) == (not folx_ok)
 
 
+def test_folx_failures_are_what_folx_does_on_this_jax():
+    """The hint's capability probe (abstract evaluation) agrees with running folx on
+    each probe for real and comparing with the float64 Hessian trace; the hint names
+    exactly the failures (issue 26: folx 0.2.30 on JAX 0.12 fails on loops, while_loop
+    and custom_vjp, and must not be recommended there)."""
+    import folx
+
+    failures = slater.folx_failures()
+    with jax.enable_x64(True):
+        x = jnp.array([0.3, -0.7])
+        for name, probe in slater._FOLX_PROBES.items():
+            try:
+                got = folx.forward_laplacian(probe)(x).laplacian
+                # jax.hessian through the custom_vjp's backward rule; forward over
+                # forward for the while_loop, which reverse mode cannot differentiate
+                hess = (
+                    jax.jacfwd(jax.jacfwd(probe))(x)
+                    if name == "while_loop"
+                    else jax.hessian(probe)(x)
+                )
+                works = bool(np.isclose(float(got), float(jnp.trace(hess)), rtol=1e-10))
+            except Exception:
+                works = False
+            assert (name in failures) == (not works), name
+    with pytest.raises(ValueError) as info:
+        slater.slater_laplacian(_ferminet_like, _positions())
+    hint = str(info.value)
+    for name in failures:
+        assert name in hint
+    assert ("method='folx' (folx) also works" in hint) == (not failures)
+
+
 @pytest.mark.parametrize(
     "call",
     [
