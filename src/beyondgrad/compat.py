@@ -55,7 +55,9 @@ __all__ = [
     "jit_cache_size",
     "make_mesh",
     "pcast_varying",
+    "primitive",
     "primitive_names",
+    "scan_counts",
     "uses_custom_root",
     "varying_axes",
     "varying_axes_of_aval",
@@ -460,3 +462,68 @@ def bind_equation(eqn: Any, invals: Sequence[Any]) -> list[Any]:
         subfuns, params = (), bind_params
     out = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
+
+
+# ----------------------------------------------------------------------------- primitives by name
+
+#: Modules searched by :func:`primitive`, public ones first. The private ones hold the
+#: primitives JAX does not export (``pvary``/``pcast`` in ``jax._src.lax.parallel``)
+#: or exports on part of the range only (``lax.stack_p``, ``lax.tile_p`` on 0.12).
+_PRIMITIVE_MODULES = (
+    "jax.extend.core.primitives",
+    "jax.lax",
+    "jax._src.lax.lax",
+    "jax._src.lax.slicing",
+    "jax._src.lax.parallel",
+    "jax._src.lax.special",
+    "jax._src.lax.control_flow.loops",
+    "jax._src.lax.control_flow.conditionals",
+    "jax._src.lax.control_flow.solves",
+    "jax._src.lax.linalg",
+    "jax._src.pjit",
+    "jax._src.ad_checkpoint",
+    "jax._src.custom_derivatives",
+    "jax._src.core",
+    "jax._src.interpreters.ad",
+)
+_PRIMITIVES_BY_NAME: dict[str, Any] = {}
+
+
+def primitive(name: str) -> Any | None:
+    """The ``jax.extend.core.Primitive`` called ``name`` on the running JAX, or ``None``.
+
+    The forward-Laplacian rule table (:mod:`beyondgrad.forward_laplacian`) keys its
+    rules on primitive objects; this finds those whose object is not public on the whole
+    range (0.8.2 .. newest), e.g. ``"pvary"`` (up to 0.9.x), ``"pcast"``, ``"stack"``
+    and ``"tile"`` (0.12), ``"log2"``. Searched in :data:`_PRIMITIVE_MODULES`, public
+    modules first; the first object with that name wins.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if not _PRIMITIVES_BY_NAME:
+        import importlib
+
+        from jax.extend.core import Primitive
+
+        for module_name in _PRIMITIVE_MODULES:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+            for value in vars(module).values():
+                if isinstance(value, Primitive):
+                    _PRIMITIVES_BY_NAME.setdefault(value.name, value)
+    return _PRIMITIVES_BY_NAME.get(name)
+
+
+def scan_counts(params: Any) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a ``scan`` equation's parameters.
+
+    Up to 0.9.x(*) ``scan`` records them as ``num_consts``/``num_carry``; 0.12 records
+    a flat tree ``ft_in`` of (consts, carry, xs) instead, and the body as an open
+    ``Jaxpr``. (*) checked on 0.8.2 and 0.12; the releases between are not pinned here.
+    """
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts)), len(list(carry))

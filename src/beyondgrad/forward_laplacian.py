@@ -1,34 +1,142 @@
 r"""The forward Laplacian: the value, Jacobian and Laplacian of a function of one
 vector, carried forward through its jaxpr in one pass (Chapter 5).
 
+The maths
+---------
 For :math:`f:\mathbb{R}^d\to\mathbb{R}^{m}`, every intermediate value :math:`v` of
 ``f``'s program travels as a :class:`Jet` ``(v, ∂v/∂r, Δv)`` (Li et al., "A
 computational framework for neural network-based variational Monte Carlo with Forward
 Laplacian", Nature Machine Intelligence 2024), and each primitive maps jets to jets:
 
-* linear maps apply to all three parts;
-* a product gives :math:`\Delta(ab) = a\Delta b + b\Delta a + 2\sum_k \partial_k a\,\partial_k b`;
+* a map linear in some inputs applies to all three parts;
+* a bilinear map (``mul``, ``dot_general``) gives
+  :math:`\Delta(ab) = a\Delta b + b\Delta a + 2\sum_k \partial_k a\,\partial_k b`;
 * an elementwise :math:`g` gives :math:`g'(v)\Delta v + g''(v)\sum_k(\partial_k v)^2`;
-* any other primitive is differentiated alone by forward over forward mode.
+* a call (``jit``, ``checkpoint``) and control flow (``scan``, ``while``, ``cond``)
+  re-interpret their body on jets, so the savings hold inside loops;
+* any other primitive is differentiated alone by forward over forward mode (the
+  *generic rule*, below).
 
-Values that do not depend on ``r`` stay plain arrays. This module depends on
-:mod:`beyondgrad.compat` and :func:`beyondgrad.laplacian.basis` only, so it can be lifted
-alone.
+Values that do not depend on ``r`` stay plain arrays and cost nothing extra. Compared
+with forward over forward mode along the ``d`` directions, the summed second derivative
+is carried once instead of ``d`` times.
+
+The rule contract
+-----------------
+A rule is a :class:`Rule`: ``rule(eqn, ins) -> outs``, where ``eqn`` is the jaxpr
+equation (``eqn.primitive``, ``eqn.params``; :func:`bind` re-applies it to plain
+values), ``ins`` has one entry per operand, a :class:`Jet` where the operand depends on
+``r`` and a plain array otherwise (at least one is a Jet: equations with no Jet input
+are simply evaluated, and so are equations with integer or boolean results only:
+:func:`has_float_result`), and ``outs`` has one entry per result, a :class:`Jet` or a plain
+array where the result does not depend on ``r`` (integer and boolean results are always
+plain). A Jet's ``jac`` has shape ``(d, *val.shape)``; its ``lap`` may be ``None``
+(known to be zero).
+
+The table :data:`RULES` maps :class:`jax.extend.core.Primitive` *objects* (never names)
+to rules, each built by a constructor that *declares* the operation's structure:
+:func:`linear`, :func:`bilinear`, :func:`elementwise`, :func:`reduction`,
+:func:`constant`, :func:`call`, :func:`generic`, :func:`custom` (any function with the
+contract above) and :func:`from_triples` (a function of ``(val, jac, lap)`` triples, the
+format of exercise 5.1). Primitives JAX names differently across versions are looked up
+through :func:`beyondgrad.compat.primitive`; the table holds only those the running JAX
+has.
+
+Adding a rule
+-------------
+:func:`register_rule` is the one way in (it checks that the key is a ``Primitive``)::
+
+    register_rule(jax.lax.mul_p, from_triples(my_fl_multiply))
+
+and :func:`rules_overridden` does the same for a ``with`` block and restores the table
+on exit. Rules are read when ``forward_laplacian`` *traces* ``fn``: a ``jax.jit``
+function traced before the change keeps the rules it was traced with.
+
+The generic fallback and its cost
+---------------------------------
+A primitive without a rule is differentiated on its own by forward over forward mode
+along each of the ``d`` Jacobian rows (:func:`generic`): correct for any primitive JAX
+can differentiate twice in forward mode, but it costs about ``2 d`` extra JVPs of that
+primitive and loses the sharing a structured rule has. :data:`FALLBACK` lists the
+primitives that use it deliberately (``max``, ``pow``, ``sort``, the linear-algebra
+factorisations, ``custom_jvp_call``, …). For any other primitive without a rule the
+interpreter warns once per primitive (:class:`GenericRuleWarning`, naming the primitive
+and the cost) and proceeds.
+
+Complex values
+--------------
+Complex intermediates are carried like real ones (the derivatives are with respect to
+the real ``r``). The elementwise rule uses :math:`g'` and :math:`g''` of the complex
+function, which is right only for a holomorphic :math:`g`: a non-holomorphic one
+(``abs``, ``sign``) with a complex input goes to the generic rule, which is exact.
+
+``custom_jvp`` and ``custom_vjp``
+---------------------------------
+``custom_jvp``: the custom rule is used, as ``jax.jvp`` uses it: the call goes through
+the generic rule (forward over forward mode through the custom JVP rule, which is how
+``jax.hessian`` differentiates it too), never through its primal program. Where the
+rule is the derivative of its own primal output (its purpose: stability, speed) this
+gives ``jax.hessian``'s numbers. A rule that is *not* that derivative makes JAX's own
+second derivatives mix the two (the rule for one factor of a product, the derivative
+of the rule's primal output for the other, so ``jax.hessian`` is not symmetric); a jet
+carries one Jacobian, the rule's, and differs from them there.
+
+``custom_vjp``: JAX has no forward mode for it, and every other method of
+:func:`beyondgrad.laplacian.laplacian` goes through its backward rule (reverse mode,
+then forward mode over it). Where the backward rule is not the derivative of the
+forward function (a straight-through estimator: round forward, identity backward),
+that "Hessian" is not the derivative of any single Jacobian a jet could carry. So a
+``custom_vjp`` call whose input depends on ``r`` makes :func:`forward_jet` compute the
+whole function as ``laplacian(..., method="hessian")`` does: ``jax.jacrev`` for the
+Jacobian and the trace of ``jax.jacfwd(jax.jacrev(fn))`` for the Laplacian (same
+numbers by construction; it costs a full ``d × d`` Hessian and warns once with
+:class:`GenericRuleWarning`).
+
+This module depends on :mod:`beyondgrad.compat` and :func:`beyondgrad.laplacian.basis`
+only, so it can be lifted alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.extend.core import Primitive
+from jax.extend.core import primitives as P
 
 from beyondgrad import compat
 from beyondgrad.laplacian import basis
 
-__all__ = ["Jet", "forward_jet", "forward_laplacian"]
+__all__ = [
+    "FALLBACK",
+    "RULES",
+    "GenericRuleWarning",
+    "Jet",
+    "Rule",
+    "bilinear",
+    "bind",
+    "call",
+    "constant",
+    "custom",
+    "elementwise",
+    "forward_jet",
+    "forward_laplacian",
+    "from_triples",
+    "generic",
+    "has_float_result",
+    "linear",
+    "reduction",
+    "register_rule",
+    "rule_for",
+    "rules_overridden",
+]
 
 
 class Jet(NamedTuple):
@@ -44,117 +152,59 @@ class Jet(NamedTuple):
     lap: jax.Array | None
 
 
-#: primitives linear in the inputs at these positions (the other inputs must not depend on r)
-_LINEAR = {
-    **dict.fromkeys(
-        [
-            "neg",
-            "reshape",
-            "broadcast_in_dim",
-            "transpose",
-            "squeeze",
-            "expand_dims",
-            "slice",
-            "convert_element_type",
-            "copy",
-            "copy_p",
-            "rev",
-            "real",
-            "cumsum",
-            "reduce_precision",
-            "dynamic_slice",
-            "gather",
-            "sharding_constraint",
-            "pvary",
-            "pcast",
-        ],
-        (0,),
-    ),
-    "add": (0, 1),
-    "sub": (0, 1),
-    "add_any": (0, 1),
-    "pad": (0, 1),
-    "dynamic_update_slice": (0, 1),
-    "scatter-add": (0, 2),
-    "scatter_add": (0, 2),
-}
-#: bilinear primitives: linear in each input when the other one is fixed
-_BILINEAR = {"mul", "dot_general"}
-#: elementwise functions of one input: f' and f'' from forward over forward mode
-_UNARY = {
-    "tanh",
-    "exp",
-    "exp2",
-    "log",
-    "log1p",
-    "expm1",
-    "sin",
-    "cos",
-    "tan",
-    "logistic",
-    "sqrt",
-    "rsqrt",
-    "cbrt",
-    "integer_pow",
-    "square",
-    "erf",
-    "erfc",
-    "atan",
-    "asin",
-    "acos",
-    "sinh",
-    "cosh",
-    "asinh",
-    "acosh",
-    "atanh",
-    "lgamma",
-    "digamma",
-    "abs",
-}
-#: primitives holding a sub-jaxpr that is interpreted in place (custom rules are not used:
-#: the primal program is differentiated, as forward-mode JAX does for custom_vjp)
-_CALLS = {
-    "pjit": "jaxpr",
-    "jit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "remat": "jaxpr",
-    "checkpoint": "jaxpr",
-}
+class GenericRuleWarning(UserWarning):
+    """A primitive with no rule is differentiated by the generic rule (forward over
+    forward mode on it alone, about ``2 d`` extra JVPs); issued once per primitive."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A forward-Laplacian rule: ``rule(eqn, ins) -> outs`` (see the module docstring).
+
+    ``kind`` names the structure it declares (``"linear"``, ``"bilinear"``,
+    ``"elementwise"``, ``"reduction"``, ``"constant"``, ``"call"``, ``"control"``,
+    ``"generic"``, ``"custom"``, ``"triples"``, ``"custom_vjp"``); ``detail`` says more
+    (the linear positions, the sub-jaxpr parameter, …).
+    """
+
+    kind: str
+    apply: Callable[[Any, list[Any]], list[Any]]
+    detail: str = ""
+
+    def __call__(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        return self.apply(eqn, ins)
+
+
+def bind(eqn: Any, vals: Sequence[Any]) -> list[Any]:
+    """Apply ``eqn``'s primitive (with its parameters) to plain values; a list of outputs."""
+    return compat.bind_equation(eqn, list(vals))
+
+
+# ----------------------------------------------------------------------------- helpers
 
 
 def _is_float(x: Any) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
 
 
+def _is_complex(x: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.complexfloating)
+
+
 def _zeros_if_none(lap: jax.Array | None, like: jax.Array) -> jax.Array:
     return jnp.zeros_like(like) if lap is None else lap
 
 
-def _linear_rule(apply: Callable, ins: list, positions: tuple[int, ...]) -> list:
-    """``apply`` is linear in the inputs at ``positions`` (the others do not depend on r)."""
-    vals = [x.val if isinstance(x, Jet) else x for x in ins]
-    outs = apply(vals)
+def _val(x: Any) -> Any:
+    return x.val if isinstance(x, Jet) else x
 
-    def with_(parts: dict[int, jax.Array]) -> list:
-        return apply(
-            [parts.get(k, v) if k in positions else v for k, v in enumerate(vals)]
-        )
 
-    dep = [k for k in positions if k < len(ins) and isinstance(ins[k], Jet)]
-    zero = {
-        k: jnp.zeros_like(vals[k]) for k in positions if k < len(ins) and k not in dep
-    }
-    jacs = jax.vmap(lambda *js: with_({**zero, **dict(zip(dep, js))}))(
-        *[ins[k].jac for k in dep]
-    )
-    if all(ins[k].lap is None for k in dep):
-        laps = [None] * len(outs)
-    else:
-        laps = with_({**zero, **{k: _zeros_if_none(ins[k].lap, vals[k]) for k in dep}})
-    return [Jet(o, j, lp) if _is_float(o) else o for o, j, lp in zip(outs, jacs, laps)]
+def _dep(ins: Sequence[Any]) -> list[int]:
+    return [k for k, x in enumerate(ins) if isinstance(x, Jet)]
+
+
+def _jet_dim(ins: Sequence[Any]) -> int:
+    return next(int(x.jac.shape[0]) for x in ins if isinstance(x, Jet))
 
 
 #: summed axes at most this long are summed slice by slice (see :func:`_sum_axes`)
@@ -180,11 +230,31 @@ def _sum_axes(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     return jnp.squeeze(x, axis=tuple(a - sum(b < a for b in short) for a in long_axes))
 
 
-def _reduce_sum_rule(x: Jet, axes: tuple[int, ...]) -> list:
-    """``reduce_sum`` is linear: the same sum of each part (jac's axes are shifted by one)."""
-    jac = _sum_axes(x.jac, tuple(a + 1 for a in axes))
-    lap = None if x.lap is None else _sum_axes(x.lap, axes)
-    return [Jet(_sum_axes(x.val, axes), jac, lap)]
+# ----------------------------------------------------------------------------- rule bodies
+
+
+def _linear_rule(apply: Callable, ins: list, positions: tuple[int, ...]) -> list:
+    """``apply`` is linear in the inputs at ``positions`` (the others do not depend on r)."""
+    vals = [_val(x) for x in ins]
+    outs = apply(vals)
+
+    def with_(parts: dict[int, jax.Array]) -> list:
+        return apply(
+            [parts.get(k, v) if k in positions else v for k, v in enumerate(vals)]
+        )
+
+    dep = [k for k in positions if k < len(ins) and isinstance(ins[k], Jet)]
+    zero = {
+        k: jnp.zeros_like(vals[k]) for k in positions if k < len(ins) and k not in dep
+    }
+    jacs = jax.vmap(lambda *js: with_({**zero, **dict(zip(dep, js))}))(
+        *[ins[k].jac for k in dep]
+    )
+    if all(ins[k].lap is None for k in dep):
+        laps = [None] * len(outs)
+    else:
+        laps = with_({**zero, **{k: _zeros_if_none(ins[k].lap, vals[k]) for k in dep}})
+    return [Jet(o, j, lp) if _is_float(o) else o for o, j, lp in zip(outs, jacs, laps)]
 
 
 def _bilinear_rule(apply: Callable, a: Jet, b: Jet) -> list:
@@ -210,16 +280,25 @@ def _unary_rule(apply: Callable, x: Jet) -> list:
         return jax.jvp(lambda u: apply([u])[0], (v,), (ones,))
 
     (out, d1), (_, d2) = jax.jvp(slope, (x.val,), (ones,))
+    if not _is_float(out):
+        return [out]
     lap = d2 * _sum_axes(x.jac * x.jac, (0,))
     if x.lap is not None:
         lap = lap + d1 * x.lap
     return [Jet(out, d1 * x.jac, lap)]
 
 
+def _reduce_sum_rule(x: Jet, axes: tuple[int, ...]) -> list:
+    """``reduce_sum`` is linear: the same sum of each part (jac's axes are shifted by one)."""
+    jac = _sum_axes(x.jac, tuple(a + 1 for a in axes))
+    lap = None if x.lap is None else _sum_axes(x.lap, axes)
+    return [Jet(_sum_axes(x.val, axes), jac, lap)]
+
+
 def _generic_rule(apply: Callable, ins: list) -> list:
     """Any primitive: forward over forward mode on it alone, along each jac direction."""
-    vals = [x.val if isinstance(x, Jet) else x for x in ins]
-    dep = [k for k, x in enumerate(ins) if isinstance(x, Jet)]
+    vals = [_val(x) for x in ins]
+    dep = _dep(ins)
 
     def f(*dep_vals: jax.Array) -> list:
         full = list(vals)
@@ -248,7 +327,627 @@ def _generic_rule(apply: Callable, ins: list) -> list:
     ]
 
 
-def _forward_laplacian_jaxpr(jaxpr: Any, consts: list, args: list) -> list:
+# ----------------------------------------------------------------------------- constructors
+
+
+def generic(reason: str = "") -> Rule:
+    """The generic rule, chosen deliberately: forward over forward mode on the primitive
+    alone along each Jacobian row (about ``2 d`` JVPs of it). ``reason`` documents why."""
+    return Rule(
+        "generic",
+        lambda eqn, ins: _generic_rule(functools.partial(bind, eqn), ins),
+        reason,
+    )
+
+
+_GENERIC = generic("no structured rule")
+
+
+def linear(*positions: int, all_from: int | None = None) -> Rule:
+    """Linear in the operands at ``positions`` jointly (or in every operand from
+    ``all_from`` on: ``concatenate`` has ``all_from=0``, ``select_n`` ``all_from=1``, after
+    its predicate); the other operands must not depend on ``r`` (if one does, the generic
+    rule is used). Each of jac's ``d`` rows and the Laplacian go through the same map as
+    the value."""
+    if not positions and all_from is None:
+        raise ValueError("linear() needs the linear positions or all_from")
+
+    def apply(eqn: Any, ins: list) -> list:
+        pos = positions if all_from is None else tuple(range(all_from, len(ins)))
+        if not set(_dep(ins)) <= set(pos):
+            return _GENERIC(eqn, ins)
+        return _linear_rule(functools.partial(bind, eqn), ins, pos)
+
+    detail = f"operands {positions}" if all_from is None else f"operands {all_from}.."
+    return Rule("linear", apply, detail)
+
+
+def bilinear() -> Rule:
+    """Bilinear in operands 0 and 1 (``mul``, ``dot_general``): linear when only one of
+    them depends on ``r``, the product rule (two Jacobian terms, one cross term summed
+    over the ``d`` rows) when both do."""
+
+    def apply(eqn: Any, ins: list) -> list:
+        dep = _dep(ins)
+        if len(dep) == 1:
+            return _linear_rule(functools.partial(bind, eqn), ins, tuple(dep))
+        return _bilinear_rule(functools.partial(bind, eqn), ins[0], ins[1])
+
+    return Rule("bilinear", apply, "operands (0, 1)")
+
+
+def elementwise(*, holomorphic: bool = True) -> Rule:
+    """An elementwise function of one operand: ``f'`` and ``f''`` by forward over forward
+    mode on ones (elementwise, so one JVP each, not ``d``). ``holomorphic=False``
+    (``abs``, ``sign``): a complex operand goes to the generic rule, since the chain rule
+    with ``f'`` of a non-holomorphic ``f`` is wrong for complex values."""
+
+    def apply(eqn: Any, ins: list) -> list:
+        if len(ins) != 1 or (not holomorphic and _is_complex(ins[0].val)):
+            return _GENERIC(eqn, ins)
+        return _unary_rule(functools.partial(bind, eqn), ins[0])
+
+    return Rule("elementwise", apply, "holomorphic" if holomorphic else "real only")
+
+
+def reduction() -> Rule:
+    """``reduce_sum``: linear; short summed axes are summed slice by slice."""
+    return Rule(
+        "reduction",
+        lambda eqn, ins: _reduce_sum_rule(ins[0], tuple(eqn.params["axes"])),
+        "sum over eqn.params['axes']",
+    )
+
+
+def constant() -> Rule:
+    """Results that do not depend on ``r`` (integer or boolean results, or a derivative
+    that is zero almost everywhere: ``floor``, ``round``, comparisons): plain values."""
+    return Rule(
+        "constant",
+        lambda eqn, ins: bind(eqn, [_val(x) for x in ins]),
+        "zero derivative",
+    )
+
+
+def call(param: str) -> Rule:
+    """A call of the sub-jaxpr in ``eqn.params[param]`` (``jit``, ``checkpoint``): the
+    body is interpreted in place on jets (``checkpoint``'s rematerialisation is for
+    reverse mode, which the forward Laplacian does not run)."""
+
+    def apply(eqn: Any, ins: list) -> list:
+        if param not in eqn.params:
+            return _GENERIC(eqn, ins)
+        inner, consts = _open(eqn.params[param])
+        return _interpret(inner, consts, ins)
+
+    return Rule("call", apply, f"sub-jaxpr eqn.params[{param!r}]")
+
+
+def custom(fn: Callable[[Any, list[Any]], list[Any]], detail: str = "") -> Rule:
+    """A rule written against the contract ``fn(eqn, ins) -> outs`` (module docstring)."""
+    if not callable(fn):
+        raise TypeError(f"custom() needs a function fn(eqn, ins), got {fn!r}")
+    return Rule("custom", fn, detail or getattr(fn, "__name__", ""))
+
+
+def from_triples(fn: Callable[..., Any]) -> Rule:
+    """A rule from a function of ``(val, jac, lap)`` triples, one per operand (exercise
+    5.1's format: ``jac`` has shape ``(d, *val.shape)``, Jacobian rows first).
+
+    ``fn(*triples)`` returns one triple (or a list of triples for a primitive with
+    several results). The engine passes every operand as a triple: one that does not
+    depend on ``r`` gets zero ``jac`` and ``lap``, a ``lap`` known to be zero is passed
+    as zeros, and a scalar operand of an elementwise primitive (a literal such as the
+    ``2.0`` of ``2.0 * x``) is broadcast to the result's shape. The primitive's parameters are not passed, so this suits
+    primitives without parameters that change the maths (``mul``, ``add``, ``sin``);
+    otherwise write a :func:`custom` rule.
+    """
+    if not callable(fn):
+        raise TypeError(
+            f"from_triples() needs a function of (val, jac, lap) triples, got {fn!r}"
+        )
+
+    def apply(eqn: Any, ins: list) -> list:
+        d = _jet_dim(ins)
+        triples = []
+        for x, atom in zip(ins, eqn.invars):
+            if isinstance(x, Jet):
+                triples.append((x.val, x.jac, _zeros_if_none(x.lap, x.val)))
+            else:  # a constant, in the shape the equation declares (a literal: ())
+                x = jnp.reshape(jnp.asarray(x), atom.aval.shape)
+                triples.append(
+                    (x, jnp.zeros((d, *x.shape), x.dtype), jnp.zeros_like(x))
+                )
+        want = jax.eval_shape(lambda *v: bind(eqn, v), *[t[0] for t in triples])
+        if len(want) == 1 and want[0].shape:  # a scalar operand of an elementwise op
+            shape = want[0].shape
+            triples = [
+                (
+                    jnp.broadcast_to(v, shape),
+                    jnp.broadcast_to(j[(...,) + (None,) * len(shape)], (d, *shape)),
+                    jnp.broadcast_to(lp, shape),
+                )
+                if v.shape == ()
+                else (v, j, lp)
+                for v, j, lp in triples
+            ]
+        got = fn(*triples)
+        results = list(got) if eqn.primitive.multiple_results else [got]
+        outs = []
+        for k, (res, spec) in enumerate(zip(results, want)):
+            if not isinstance(res, (tuple, list)) or len(res) != 3:
+                raise TypeError(
+                    f"the rule for {eqn.primitive.name} must return (val, jac, lap) "
+                    f"triples; result {k} is {type(res).__name__}"
+                )
+            val, jac, lap = (jnp.asarray(p) for p in res)
+            shapes = (val.shape, jac.shape, lap.shape)
+            expected = (spec.shape, (d, *spec.shape), spec.shape)
+            if shapes != expected:
+                raise ValueError(
+                    f"the rule for {eqn.primitive.name} returned shapes {shapes} for "
+                    f"(val, jac, lap); expected {expected}"
+                )
+            outs.append(Jet(val, jac, lap) if _is_float(val) else val)
+        return outs
+
+    return Rule("triples", apply, getattr(fn, "__name__", ""))
+
+
+# ----------------------------------------------------------------------------- the rules
+
+
+def _div(eqn: Any, ins: list) -> list:
+    """``a / b``: linear in ``a``; for ``b`` depending on r, ``a * (1/b)`` with the
+    elementwise rule for ``1/b`` and the product rule."""
+    if _dep(ins) == [0]:
+        return _linear_rule(functools.partial(bind, eqn), ins, (0,))
+    a, b = ins
+    if _is_complex(b.val) or jnp.shape(_val(a)) != jnp.shape(b.val):
+        return _GENERIC(eqn, ins)
+    (inv,) = _unary_rule(lambda v: [1.0 / v[0]], b)
+    if not isinstance(a, Jet):
+        return _linear_rule(lambda v: [v[0] * v[1]], [a, inv], (1,))
+    return _bilinear_rule(lambda v: [v[0] * v[1]], a, inv)
+
+
+def _open(sub: Any) -> tuple[Any, list]:
+    """A sub-jaxpr parameter as ``(jaxpr, consts)`` (a ClosedJaxpr or an open Jaxpr)."""
+    if hasattr(sub, "consts"):
+        return sub.jaxpr, list(sub.consts)
+    return sub, []
+
+
+def _custom_vjp_rule(eqn: Any, ins: list) -> list:
+    raise _NeedsHessian(eqn.primitive)
+
+
+class _NeedsHessian(Exception):
+    """Raised at trace time by a ``custom_vjp`` call on r's path (see forward_jet)."""
+
+
+def _prims(*names: str) -> list[Primitive]:
+    """The primitives with these names on the running JAX (absent ones are skipped)."""
+    found = [compat.primitive(n) for n in names]
+    return [p for p in found if p is not None]
+
+
+_LINEAR_0 = [
+    lax.neg_p,
+    lax.reshape_p,
+    lax.broadcast_in_dim_p,
+    lax.transpose_p,
+    lax.squeeze_p,
+    lax.slice_p,
+    lax.convert_element_type_p,
+    lax.copy_p,
+    lax.rev_p,
+    lax.real_p,
+    lax.imag_p,
+    lax.conj_p,
+    lax.cumsum_p,
+    lax.reduce_precision_p,
+    lax.dynamic_slice_p,
+    lax.gather_p,
+    lax.sharding_constraint_p,
+    lax.reduce_window_sum_p,
+    lax.split_p,
+    *_prims("pvary", "pcast", "tile"),
+]
+_ELEMENTWISE = [
+    lax.tanh_p,
+    lax.exp_p,
+    lax.exp2_p,
+    lax.log_p,
+    lax.log1p_p,
+    lax.expm1_p,
+    lax.sin_p,
+    lax.cos_p,
+    lax.tan_p,
+    lax.logistic_p,
+    lax.sqrt_p,
+    lax.rsqrt_p,
+    lax.cbrt_p,
+    lax.integer_pow_p,
+    lax.square_p,
+    lax.erf_p,
+    lax.erfc_p,
+    lax.erf_inv_p,
+    lax.atan_p,
+    lax.asin_p,
+    lax.acos_p,
+    lax.sinh_p,
+    lax.cosh_p,
+    lax.asinh_p,
+    lax.acosh_p,
+    lax.atanh_p,
+    lax.lgamma_p,
+    lax.digamma_p,
+    lax.bessel_i0e_p,
+    lax.bessel_i1e_p,
+    *_prims("log2", "one_minus_square"),
+]
+_CONSTANT = [
+    lax.floor_p,
+    lax.ceil_p,
+    lax.round_p,
+    lax.is_finite_p,
+    lax.eq_p,
+    lax.ne_p,
+    lax.lt_p,
+    lax.le_p,
+    lax.gt_p,
+    lax.ge_p,
+    lax.argmax_p,
+    lax.argmin_p,
+    lax.and_p,
+    lax.or_p,
+    lax.not_p,
+    lax.xor_p,
+    lax.iota_p,
+    lax.stop_gradient_p,
+    lax.bitcast_convert_type_p,  # a reinterpretation of the bits: no derivative
+]
+
+#: The rule table: ``Primitive`` object -> :class:`Rule`. Change it only through
+#: :func:`register_rule` / :func:`rules_overridden`.
+RULES: dict[Primitive, Rule] = {
+    **dict.fromkeys(_LINEAR_0, linear(0)),
+    lax.add_p: linear(0, 1),
+    lax.sub_p: linear(0, 1),
+    P.add_jaxvals_p: linear(0, 1),
+    lax.complex_p: linear(0, 1),
+    lax.pad_p: linear(0, 1),
+    lax.dynamic_update_slice_p: linear(0, 1),
+    lax.scatter_add_p: linear(0, 2),
+    lax.scatter_sub_p: linear(0, 2),
+    lax.scatter_p: linear(0, 2),
+    lax.select_n_p: linear(all_from=1),  # the cases; the predicate is never a Jet
+    lax.concatenate_p: linear(all_from=0),
+    lax.device_put_p: linear(all_from=0),
+    lax.optimization_barrier_p: linear(all_from=0),
+    **dict.fromkeys(_prims("stack"), linear(all_from=0)),
+    lax.mul_p: bilinear(),
+    lax.dot_general_p: bilinear(),
+    lax.conv_general_dilated_p: bilinear(),
+    lax.div_p: custom(_div, "linear in the numerator; a * (1/b) otherwise"),
+    **dict.fromkeys(_ELEMENTWISE, elementwise()),
+    lax.abs_p: elementwise(holomorphic=False),
+    lax.sign_p: elementwise(holomorphic=False),
+    lax.reduce_sum_p: reduction(),
+    **dict.fromkeys(_CONSTANT, constant()),
+    P.jit_p: call("jaxpr"),
+    P.closed_call_p: call("call_jaxpr"),
+    P.call_p: call("call_jaxpr"),
+    P.remat_p: call("jaxpr"),
+    P.custom_vjp_call_p: Rule(
+        "custom_vjp", _custom_vjp_rule, "the whole function as method='hessian'"
+    ),
+}
+
+#: Primitives for which the generic rule (forward over forward mode on the primitive
+#: alone) is the deliberate choice: no cheaper structure, or the custom rule must be
+#: used (``custom_jvp_call``). They use it without a warning.
+FALLBACK: frozenset[Primitive] = frozenset(
+    [
+        P.custom_jvp_call_p,
+        lax.max_p,
+        lax.min_p,
+        lax.pow_p,
+        lax.atan2_p,
+        lax.rem_p,
+        lax.clamp_p,
+        lax.nextafter_p,
+        lax.reduce_max_p,
+        lax.reduce_min_p,
+        lax.reduce_prod_p,
+        lax.cumprod_p,
+        lax.cummax_p,
+        lax.cummin_p,
+        lax.cumlogsumexp_p,
+        lax.sort_p,
+        lax.scatter_mul_p,
+        lax.scatter_max_p,
+        lax.scatter_min_p,
+        lax.reduce_window_max_p,
+        lax.reduce_window_min_p,
+        lax.igamma_p,
+        lax.polygamma_p,
+        lax.zeta_p,
+        lax.linear_solve_p,
+        P.triangular_solve_p,
+        P.cholesky_p,
+        P.lu_p,
+        P.qr_p,
+        P.eigh_p,
+        P.svd_p,
+        *_prims("custom_lin", "linear_call"),
+    ]
+)
+
+_WARNED: set[Primitive] = set()
+
+
+def rule_for(primitive: Primitive, d: int | None = None) -> Rule:
+    """The rule the interpreter uses for ``primitive``: its entry in :data:`RULES`, else
+    the generic rule (with a :class:`GenericRuleWarning`, once per primitive, unless
+    ``primitive`` is in :data:`FALLBACK`; ``d``, the input size, goes into its cost)."""
+    found = RULES.get(primitive)
+    if found is not None:
+        return found
+    if primitive not in FALLBACK and primitive not in _WARNED:
+        _WARNED.add(primitive)
+        cost = "2*d" if d is None else f"2*d = {2 * d}"
+        warnings.warn(
+            f"forward_laplacian: no rule for the primitive {primitive.name!r}; using the "
+            f"generic rule (forward over forward mode on it alone: about {cost} extra "
+            "JVPs of it, d = the input size). Register a rule with "
+            "beyondgrad.forward_laplacian.register_rule to keep the savings.",
+            GenericRuleWarning,
+            stacklevel=2,
+        )
+    return _GENERIC
+
+
+def _check_entry(primitive: object, rule: object) -> None:
+    if not isinstance(primitive, Primitive):
+        raise TypeError(
+            "register_rule needs a jax.extend.core.Primitive (e.g. jax.lax.mul_p), got "
+            f"{type(primitive).__name__} {primitive!r}"
+        )
+    if not isinstance(rule, Rule):
+        raise TypeError(
+            f"the rule for {primitive.name!r} must be a Rule (build it with linear(), "
+            "bilinear(), elementwise(), custom(fn) or from_triples(fn)), got "
+            f"{type(rule).__name__}"
+        )
+
+
+def register_rule(primitive: Primitive, rule: Rule) -> Rule | None:
+    """Make ``rule`` the forward-Laplacian rule of ``primitive``; returns the previous
+    rule (``None`` if there was none). Raises ``TypeError`` if ``primitive`` is not a
+    ``jax.extend.core.Primitive`` (e.g. a name) or ``rule`` is not a :class:`Rule`."""
+    _check_entry(primitive, rule)
+    before = RULES.get(primitive)
+    RULES[primitive] = rule
+    return before
+
+
+@contextlib.contextmanager
+def rules_overridden(rules: Mapping[Primitive, Rule]) -> Iterator[None]:
+    """Use ``rules`` (``{primitive: rule}``) inside a ``with`` block; the table is
+    restored on exit, also after an error."""
+    for primitive, rule in rules.items():
+        _check_entry(primitive, rule)
+    saved = dict(RULES)
+    RULES.update(rules)
+    try:
+        yield
+    finally:
+        RULES.clear()
+        RULES.update(saved)
+
+
+# ----------------------------------------------------------------------------- control flow
+# scan, while and cond re-interpret their body on jets. A loop carry must keep one
+# structure across iterations, so each carry is either a Jet in every iteration (its
+# jac and lap always materialised) or a plain array in every iteration: the carries
+# that are Jets are the least fixed point of "the initial value is a Jet, or the body
+# makes it one from the Jets it is given" (found by tracing the body, abstractly).
+
+
+def _flatten(values: Sequence[Any], mask: Sequence[bool]) -> list[jax.Array]:
+    """Jets (where ``mask``) as ``val, jac, lap`` (lap materialised), others as ``val``."""
+    flat: list[jax.Array] = []
+    for value, is_jet in zip(values, mask):
+        if is_jet:
+            flat += [value.val, value.jac, _zeros_if_none(value.lap, value.val)]
+        else:
+            flat.append(value)
+    return flat
+
+
+def _unflatten(flat: Sequence[Any], mask: Sequence[bool]) -> list[Any]:
+    values: list[Any] = []
+    it = iter(flat)
+    for is_jet in mask:
+        values.append(Jet(next(it), next(it), next(it)) if is_jet else next(it))
+    return values
+
+
+def _as_jet(value: Any, d: int) -> Jet:
+    """``value`` as a Jet (a plain value gets zero jac and lap)."""
+    if isinstance(value, Jet):
+        return Jet(value.val, value.jac, _zeros_if_none(value.lap, value.val))
+    value = jnp.asarray(value)
+    return Jet(value, jnp.zeros((d, *value.shape), value.dtype), jnp.zeros_like(value))
+
+
+def _conform(values: Sequence[Any], mask: Sequence[bool], d: int) -> list[Any]:
+    """Promote the values where ``mask`` to Jets (the others must be plain)."""
+    return [_as_jet(v, d) if m else v for v, m in zip(values, mask)]
+
+
+def _jet_mask(values: Sequence[Any]) -> list[bool]:
+    return [isinstance(v, Jet) for v in values]
+
+
+def _out_mask(jaxpr: Any, consts: Sequence[Any], ins: Sequence[Any]) -> list[bool]:
+    """Which outputs of ``jaxpr`` are Jets given ``ins`` (traced abstractly, run never)."""
+    mask: list[bool] = []
+    mask_in = _jet_mask(ins)
+
+    def run(*flat: jax.Array) -> list:
+        outs = _interpret(jaxpr, consts, _unflatten(flat, mask_in))
+        mask[:] = _jet_mask(outs)
+        return [_val(o) for o in outs]
+
+    jax.eval_shape(run, *_flatten(ins, mask_in))
+    return mask
+
+
+def _loop_mask(
+    jaxpr: Any,
+    consts: Sequence[Any],
+    fixed: Sequence[Any],
+    carry: Sequence[Any],
+    extra: Sequence[Any],
+    d: int,
+) -> list[bool]:
+    """The carries that are Jets: least fixed point over the body ``fixed, carry, extra
+    -> carry, ...``."""
+    mask = _jet_mask(carry)
+    while True:
+        outs = _out_mask(jaxpr, consts, [*fixed, *_conform(carry, mask, d), *extra])
+        grown = [m or o for m, o in zip(mask, outs[: len(carry)])]
+        if grown == mask:
+            return mask
+        mask = grown
+
+
+def _scan_rule(eqn: Any, ins: list) -> list:
+    """``scan``: the body runs on jets inside ``lax.scan``; scanned Jets are sliced
+    along their value axis (axis 1 of jac)."""
+    params = eqn.params
+    body, body_consts = _open(params["jaxpr"])
+    n_consts, n_carry = compat.scan_counts(params)
+    consts, init, xs = (
+        ins[:n_consts],
+        ins[n_consts : n_consts + n_carry],
+        ins[n_consts + n_carry :],
+    )
+    d = _jet_dim(ins)
+    xs_mask = _jet_mask(xs)
+    x_slices = [
+        Jet(x.val[0], x.jac[:, 0], _zeros_if_none(x.lap, x.val)[0]) if m else x[0]
+        for x, m in zip(xs, xs_mask)
+    ]
+    mask = _loop_mask(body, body_consts, consts, init, x_slices, d)
+    y_mask = _out_mask(
+        body, body_consts, [*consts, *_conform(init, mask, d), *x_slices]
+    )[n_carry:]
+
+    def step(carry_flat: list, x_flat: list) -> tuple[list, list]:
+        carry = _unflatten(carry_flat, mask)
+        x = _unflatten(x_flat, xs_mask)
+        outs = _interpret(body, body_consts, [*consts, *carry, *x])
+        new = _conform(outs[:n_carry], mask, d)
+        ys = _conform(outs[n_carry:], y_mask, d)
+        return _flatten(new, mask), _flatten(ys, y_mask)
+
+    xs_flat = _flatten(
+        [
+            Jet(x.val, jnp.moveaxis(x.jac, 0, 1), _zeros_if_none(x.lap, x.val))
+            if m
+            else x
+            for x, m in zip(xs, xs_mask)
+        ],
+        xs_mask,
+    )
+    carry_out, ys_flat = lax.scan(
+        step,
+        _flatten(_conform(init, mask, d), mask),
+        xs_flat,
+        length=params["length"],
+        reverse=params["reverse"],
+        unroll=params["unroll"],
+    )
+    ys = [
+        Jet(y.val, jnp.moveaxis(y.jac, 1, 0), y.lap) if m else y
+        for y, m in zip(_unflatten(ys_flat, y_mask), y_mask)
+    ]
+    return [*_unflatten(carry_out, mask), *ys]
+
+
+def _while_rule(eqn: Any, ins: list) -> list:
+    """``while``: the body runs on jets inside ``lax.while_loop``; the condition reads
+    the values only (the trip count is piecewise constant in r)."""
+    params = eqn.params
+    cond, cond_consts_closed = _open(params["cond_jaxpr"])
+    body, body_consts_closed = _open(params["body_jaxpr"])
+    nc, nb = params["cond_nconsts"], params["body_nconsts"]
+    cond_consts = [_val(x) for x in ins[:nc]]
+    body_consts, init = ins[nc : nc + nb], ins[nc + nb :]
+    d = _jet_dim(ins)
+    mask = _loop_mask(body, body_consts_closed, body_consts, init, [], d)
+
+    def cond_fun(carry_flat: list) -> jax.Array:
+        carry = [_val(c) for c in _unflatten(carry_flat, mask)]
+        return _interpret(cond, cond_consts_closed, [*cond_consts, *carry])[0]
+
+    def body_fun(carry_flat: list) -> list:
+        carry = _unflatten(carry_flat, mask)
+        outs = _interpret(body, body_consts_closed, [*body_consts, *carry])
+        return _flatten(_conform(outs, mask, d), mask)
+
+    out = lax.while_loop(cond_fun, body_fun, _flatten(_conform(init, mask, d), mask))
+    return _unflatten(out, mask)
+
+
+def _cond_rule(eqn: Any, ins: list) -> list:
+    """``cond``: every branch runs on jets inside ``lax.switch``; an output is a Jet if
+    any branch makes it one. The index does not depend on r (it is an integer)."""
+    index, ops = _val(ins[0]), ins[1:]
+    branches = [_open(b) for b in eqn.params["branches"]]
+    d = _jet_dim(ins)
+    op_mask = _jet_mask(ops)
+    masks = [_out_mask(j, c, ops) for j, c in branches]
+    mask = [any(col) for col in zip(*masks)]
+
+    def branch_fn(jaxpr: Any, consts: list) -> Callable[..., list]:
+        def run(*flat: jax.Array) -> list:
+            outs = _interpret(jaxpr, consts, _unflatten(flat, op_mask))
+            return _flatten(_conform(outs, mask, d), mask)
+
+        return run
+
+    fns = [branch_fn(j, c) for j, c in branches]
+    out = lax.switch(index, fns, *_flatten(ops, op_mask))
+    return _unflatten(out, mask)
+
+
+RULES.update(
+    {
+        lax.scan_p: Rule("control", _scan_rule, "body on jets inside lax.scan"),
+        lax.while_p: Rule("control", _while_rule, "body on jets inside lax.while_loop"),
+        lax.cond_p: Rule("control", _cond_rule, "branches on jets inside lax.switch"),
+    }
+)
+
+
+# ----------------------------------------------------------------------------- the interpreter
+
+
+def has_float_result(eqn: Any) -> bool:
+    """True if one of ``eqn``'s results is floating-point or complex. An equation with
+    integer or boolean results only needs no rule: its results carry no derivative."""
+    return any(
+        jnp.issubdtype(getattr(v.aval, "dtype", jnp.int32), jnp.inexact)
+        for v in eqn.outvars
+    )
+
+
+def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
     """Interpret ``jaxpr`` on inputs that are arrays or :class:`Jet` s."""
     env: dict[Any, Any] = {}
     for var, value in zip(jaxpr.constvars, consts):
@@ -257,41 +956,17 @@ def _forward_laplacian_jaxpr(jaxpr: Any, consts: list, args: list) -> list:
         env[var] = value
     for eqn in jaxpr.eqns:
         ins = [compat.jaxpr_atom_value(a, env) for a in eqn.invars]
-        name = eqn.primitive.name
-
-        def apply(invals: list, eqn: Any = eqn) -> list:
-            return compat.bind_equation(eqn, invals)
-
-        dep = [k for k, x in enumerate(ins) if isinstance(x, Jet)]
-        if not dep:
-            outs = apply(ins)
-        elif name in _CALLS and _CALLS[name] in eqn.params:
-            sub = eqn.params[_CALLS[name]]
-            inner, inner_consts = (
-                (sub.jaxpr, list(sub.consts)) if hasattr(sub, "consts") else (sub, [])
-            )
-            outs = _forward_laplacian_jaxpr(inner, inner_consts, ins)
-        elif name == "reduce_sum":  # linear; short axes summed slice by slice
-            outs = _reduce_sum_rule(ins[0], tuple(eqn.params["axes"]))
-        elif name in _LINEAR and set(dep) <= set(_LINEAR[name]):
-            outs = _linear_rule(apply, ins, _LINEAR[name])
-        elif name == "select_n" and 0 not in dep:  # piecewise linear in the cases
-            outs = _linear_rule(apply, ins, tuple(range(1, len(ins))))
-        elif name in ("concatenate", "stack"):  # newer JAX has a stack primitive
-            outs = _linear_rule(apply, ins, tuple(range(len(ins))))
-        elif name in _BILINEAR and len(dep) == 1:
-            outs = _linear_rule(apply, ins, tuple(dep))
-        elif name in _BILINEAR:
-            outs = _bilinear_rule(apply, ins[0], ins[1])
-        elif name == "div" and dep == [0]:
-            outs = _linear_rule(apply, ins, (0,))
-        elif name in _UNARY and len(ins) == 1:
-            outs = _unary_rule(apply, ins[0])
-        else:
-            outs = _generic_rule(apply, ins)
+        if any(isinstance(x, Jet) for x in ins) and has_float_result(eqn):
+            outs = rule_for(eqn.primitive, _jet_dim(ins))(eqn, ins)
+        else:  # nothing depends on r, or only integer/boolean results
+            outs = bind(eqn, [_val(x) for x in ins])
         for var, value in zip(eqn.outvars, outs):
             env[var] = value
     return [compat.jaxpr_atom_value(a, env) for a in jaxpr.outvars]
+
+
+# backwards-compatible name (used by earlier code and notebooks)
+_forward_laplacian_jaxpr = _interpret
 
 
 def forward_laplacian(
@@ -302,19 +977,30 @@ def forward_laplacian(
     The forward Laplacian (Li et al., Nature Machine Intelligence 2024): every
     intermediate value :math:`v` travels with its Jacobian :math:`\\partial v/\\partial r`
     (``d`` rows) and its Laplacian :math:`\\Delta v`, and each operation maps the triple
-    on: a linear map applies to all three, a product :math:`ab` gives
+    on by its rule in :data:`RULES`: a linear map applies to all three, a product
+    :math:`ab` gives
     :math:`\\Delta(ab) = a\\Delta b + b\\Delta a + 2\\sum_k\\partial_k a\\,\\partial_k b`,
     an elementwise :math:`f` gives :math:`f'(v)\\Delta v + f''(v)\\sum_k(\\partial_k v)^2`,
-    and any other operation is differentiated on its own by forward over forward mode.
-    Values that do not depend on ``r`` (parameters) carry no derivatives. Compared with
-    forward over forward mode along the ``d`` directions, the summed second derivative is
-    carried once instead of ``d`` times, and no first derivative is computed twice.
+    loops and branches carry the triple through their body, and any other operation is
+    differentiated on its own by forward over forward mode. Values that do not depend
+    on ``r`` (parameters) carry no derivatives. ``custom_jvp`` rules are used;
+    ``custom_vjp`` makes the whole function go the way of ``method="hessian"`` (module
+    docstring).
 
     Returns shapes ``out``, ``(*out, d)`` (Jacobian, last axis = input coordinate) and
     ``out`` (``fn`` returns one array of shape ``out``).
     """
     jet = forward_jet(fn, r)
     return jet.val, jnp.moveaxis(jet.jac, 0, -1), _zeros_if_none(jet.lap, jet.val)
+
+
+def _hessian_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
+    """What ``laplacian(..., method="hessian")`` computes, as a Jet (custom_vjp case)."""
+    val = fn(r)
+    jac = jax.jacrev(fn)(r)  # (*out, d)
+    hess = jax.jacfwd(jax.jacrev(fn))(r)  # (*out, d, d)
+    lap = jnp.trace(hess, axis1=-2, axis2=-1)
+    return Jet(val, jnp.moveaxis(jac, -1, 0), lap)
 
 
 def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
@@ -332,9 +1018,21 @@ def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
         raise ValueError(
             f"fn must return one array, got {len(closed.jaxpr.outvars)} outputs"
         )
-    (out,) = _forward_laplacian_jaxpr(
-        closed.jaxpr, list(closed.consts), [Jet(r, basis(r), None)]
-    )
+    try:
+        (out,) = _interpret(closed.jaxpr, list(closed.consts), [Jet(r, basis(r), None)])
+    except _NeedsHessian as seen:
+        primitive = seen.args[0]
+        if primitive not in _WARNED:
+            _WARNED.add(primitive)
+            warnings.warn(
+                f"forward_laplacian: {primitive.name!r} (a custom_vjp function) depends "
+                "on r; the whole function is differentiated as "
+                "laplacian(..., method='hessian') does (reverse mode with the custom "
+                "backward rule, forward mode over it): a full d x d Hessian.",
+                GenericRuleWarning,
+                stacklevel=2,
+            )
+        return _hessian_jet(fn, r)
     if not isinstance(out, Jet):  # fn does not depend on r
         out = Jet(out, jnp.zeros((r.shape[0], *jnp.shape(out)), r.dtype), None)
     return Jet(out.val, out.jac, _zeros_if_none(out.lap, out.val))
