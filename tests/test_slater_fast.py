@@ -633,7 +633,7 @@ def test_folx_failures_are_what_folx_does_on_this_jax():
     and custom_vjp, and must not be recommended there)."""
     import folx
 
-    failures = slater.folx_failures()
+    failures = slater._folx_failures()
     with jax.enable_x64(True):
         x = jnp.array([0.3, -0.7])
         for name, probe in slater._FOLX_PROBES.items():

@@ -97,7 +97,7 @@ _FOLX_PROBES: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 @functools.cache
-def folx_failures() -> tuple[str, ...]:
+def _folx_failures() -> tuple[str, ...]:
     """What folx fails on with the running JAX, among :data:`_FOLX_PROBES`
     (``("not installed",)`` without folx).
 
@@ -126,7 +126,7 @@ def folx_failures() -> tuple[str, ...]:
 
 def _all_electrons_hint() -> str:
     """What to use for orbitals of all electrons, by what works on the running JAX."""
-    failures = folx_failures()
+    failures = _folx_failures()
     if not failures:
         folx_note = (
             "; method='folx' (folx) also works on this JAX (tried on a loop, a "
