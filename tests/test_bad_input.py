@@ -850,6 +850,48 @@ CASES = [
         lambda: implicit.root_find(_fp, X3, X3, adjoint="backsolve"),
         ValueError,
         ("adjoint must be one of", "'unrolled'", "'backsolve'"),
+    # ---- issue 26 item 4 (folxcases): shapes and dtypes named at the boundary
+    Case(
+        "logdet_and_inverse-not-square",
+        lambda: slater.logdet_and_inverse(jnp.ones((3, 4))),
+        ValueError,
+        ("square matrix (n, n)", "(3, 4)"),
+    ),
+    Case(
+        "logdet_and_inverse-1d",
+        lambda: slater.logdet_and_inverse(jnp.ones(3)),
+        ValueError,
+        ("square matrix (n, n)", "(3,)"),
+    ),
+    Case(
+        "logdet_and_inverse-int",
+        lambda: slater.logdet_and_inverse(jnp.eye(3, dtype=jnp.int32)),
+        TypeError,
+        ("floating-point", "int32"),
+    ),
+    Case(
+        "laplacian-f-complex-valued",
+        lambda: laplacian.laplacian(lambda x: jnp.sum(x) * 1j, X3),
+        TypeError,
+        ("real floating-point scalar", "complex64", "jnp.real"),
+    ),
+    Case(
+        "laplacian-f-integer-valued",
+        lambda: laplacian.laplacian(lambda x: jnp.sum(x).astype(jnp.int32), X3),
+        TypeError,
+        ("real floating-point scalar", "int32"),
+    ),
+    Case(
+        "basis-x-2d",
+        lambda: laplacian.basis(jnp.ones((2, 3))),
+        ValueError,
+        ("1-D", "(2, 3)", "reshape(-1)"),
+    ),
+    Case(
+        "slater_laplacian-orbitals-made-for-3-positions-of-4",
+        lambda: _slater(lambda r: jnp.tanh(r * jnp.arange(1.0, 4.0))),
+        ValueError,
+        ("return 3 values", "hold 4 electrons", "(4, 3)"),
     ),
 ]
 

@@ -514,6 +514,71 @@ def test_orbitals_of_all_electrons_are_refused_and_would_have_been_wrong():
                 call()
 
 
+def _generic_net(params, x, flat=False):
+    """Orbitals written for any number of electrons: ``x`` is ``(3,)`` or ``(m, 3)``;
+    each row also reads the mean of a feature over all the rows it is given."""
+    w0, w1, w2 = params
+    xs = x.reshape(-1, 3)
+    pooled = jnp.mean(jnp.tanh(xs @ w0), axis=0)
+    h = jnp.tanh(xs @ w1 + pooled)
+    out = (h @ w2) * jnp.exp(-0.5 * jnp.sum(xs * xs, axis=-1, keepdims=True))
+    return out.reshape(-1) if flat else out.reshape(x.shape[:-1] + (N_ALL,))
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["rows", "flattened"])
+@pytest.mark.parametrize("where", ["eager", "jit-traced-params", "vmap-params", "grad"])
+def test_electron_count_generic_networks_are_refused(where, flat):
+    """Issue 26: a network generic in the electron count passed the check when its
+    parameters were traced (the VMC step: jit over the parameters) or when it
+    flattened its output, and slater_laplacian returned a wrong Laplacian."""
+    with jax.enable_x64(True):
+        params, pos = _weights(jnp.float64), _positions()
+
+        def log_psi(v):
+            return jnp.linalg.slogdet(_generic_net(params, v.reshape(N_ALL, 3)))[1]
+
+        want = float(jnp.trace(jax.hessian(log_psi)(pos.reshape(-1))))
+        rows = lambda v: jnp.linalg.slogdet(  # noqa: E731
+            jax.vmap(lambda r: _generic_net(params, r))(v.reshape(N_ALL, 3))
+        )[1]
+        # measured: -95.1 (row formula, rows one electron at a time) vs -258.5
+        assert abs(float(jnp.trace(jax.hessian(rows)(pos.reshape(-1)))) - want) > 100
+
+        def lap(q, p):
+            orbitals = functools.partial(_generic_net, q, flat=flat)
+            return slater.slater_laplacian(orbitals, p)[2]
+
+        calls = {
+            "eager": lambda: lap(params, pos),
+            "jit-traced-params": lambda: jax.jit(lap)(params, pos),
+            "vmap-params": lambda: jax.vmap(lap, in_axes=(0, None))(
+                jax.tree.map(lambda w: jnp.stack([w, 2 * w]), params), pos
+            ),
+            "grad": lambda: jax.grad(lambda q: lap(q, pos))(params),
+        }
+        with pytest.raises(ValueError, match="read all electrons"):
+            calls[where]()
+
+
+def test_the_check_skips_what_it_cannot_evaluate():
+    """Orbitals closing over a traced PRNG key cannot be run on stand-in values: the
+    comparison is skipped (no false alarm) and the result is the eager one."""
+    with jax.enable_x64(True):
+        params, pos = _problem(4, 6, 3)
+
+        def noisy(key, r):
+            shift = jax.random.normal(key, (3,), r.dtype) * 0.0
+            return wavefunctions.mlp_orbitals(params, r + shift)
+
+        want = slater.slater_laplacian(
+            functools.partial(noisy, jax.random.key(0)), pos
+        )[2]
+        got = jax.jit(
+            lambda k, p: slater.slater_laplacian(functools.partial(noisy, k), p)[2]
+        )(jax.random.key(0), pos)
+        np.testing.assert_allclose(float(got), float(want), rtol=1e-12)
+
+
 def test_orbitals_that_pool_over_any_number_of_electrons_are_refused():
     def pooling(x):
         xs = x.reshape(-1, 3)
@@ -559,6 +624,38 @@ def test_the_hint_recommends_methods_that_work_on_the_running_jax():
             folx_ok = False
         assert ("method='folx' (folx) also works" in hint) == folx_ok
         assert ("not method='folx'" in hint) == (not folx_ok)
+
+
+def test_folx_failures_are_what_folx_does_on_this_jax():
+    """The hint's capability probe (abstract evaluation) agrees with running folx on
+    each probe for real and comparing with the float64 Hessian trace; the hint names
+    exactly the failures (issue 26: folx 0.2.30 on JAX 0.12 fails on loops, while_loop
+    and custom_vjp, and must not be recommended there)."""
+    import folx
+
+    failures = slater._folx_failures()
+    with jax.enable_x64(True):
+        x = jnp.array([0.3, -0.7])
+        for name, probe in slater._FOLX_PROBES.items():
+            try:
+                got = folx.forward_laplacian(probe)(x).laplacian
+                # jax.hessian through the custom_vjp's backward rule; forward over
+                # forward for the while_loop, which reverse mode cannot differentiate
+                hess = (
+                    jax.jacfwd(jax.jacfwd(probe))(x)
+                    if name == "while_loop"
+                    else jax.hessian(probe)(x)
+                )
+                works = bool(np.isclose(float(got), float(jnp.trace(hess)), rtol=1e-10))
+            except Exception:
+                works = False
+            assert (name in failures) == (not works), name
+    with pytest.raises(ValueError) as info:
+        slater.slater_laplacian(_ferminet_like, _positions())
+    hint = str(info.value)
+    for name in failures:
+        assert name in hint
+    assert ("method='folx' (folx) also works" in hint) == (not failures)
 
 
 @pytest.mark.parametrize(

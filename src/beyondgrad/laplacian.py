@@ -208,6 +208,12 @@ def _check_input(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array
     if getattr(out, "shape", None) != ():
         got = getattr(out, "shape", type(out).__name__)
         raise ValueError(f"f must return a scalar (shape ()), got {got}")
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        raise TypeError(
+            f"f must return a real floating-point scalar, got dtype {out.dtype} (a "
+            "complex f: take the Laplacians of jnp.real(f(x)) and jnp.imag(f(x)); an "
+            "integer f has no derivatives)"
+        )
     return x
 
 
@@ -221,7 +227,15 @@ def basis(x: jax.Array) -> jax.Array:
 
     Inside ``shard_map`` a tangent must have the same varying type as its primal; a bare
     ``jnp.eye`` is invariant, so it is cast to the axes of ``x`` here.
+
+    Raises:
+        ValueError: ``x`` is not 1-D (the message gives its shape).
     """
+    if jnp.ndim(x) != 1:
+        raise ValueError(
+            f"basis needs a 1-D x (the point whose space it spans), got shape "
+            f"{jnp.shape(x)}; flatten it first, e.g. x.reshape(-1)"
+        )
     return _varying_like(jnp.eye(x.shape[0], dtype=x.dtype), x)
 
 

@@ -74,40 +74,70 @@ def check_positions(positions: jax.Array) -> jax.Array:
     return positions
 
 
+@jax.custom_vjp
+def _straight_through(x: jax.Array) -> jax.Array:
+    return jnp.round(x)
+
+
+_straight_through.defvjp(lambda x: (jnp.round(x), None), lambda _, g: (g,))
+
+#: what the all-electron hint's capability probe tries folx on: constructs that
+#: all-electron networks contain and that our own methods handle
+_FOLX_PROBES: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "loops (scan/fori_loop)": lambda x: jnp.sum(
+        jax.lax.fori_loop(0, 2, lambda i, c: jnp.tanh(c * x), x)
+    ),
+    "while_loop": lambda x: jnp.sum(
+        jax.lax.while_loop(lambda s: s[0] < 2, lambda s: (s[0] + 1, s[1] * x), (0, x))[
+            1
+        ]
+    ),
+    "custom_vjp": lambda x: jnp.sum(jnp.sin(x) * _straight_through(x)),
+}
+
+
 @functools.cache
-def _folx_handles_loops() -> bool:
-    """Whether the installed folx differentiates a ``fori_loop`` (a ``scan``) on the
-    running JAX.
+def _folx_failures() -> tuple[str, ...]:
+    """What folx fails on with the running JAX, among :data:`_FOLX_PROBES`
+    (``("not installed",)`` without folx).
 
     Decided by trying (abstractly, no FLOPs), not from version numbers: folx 0.2.30 on
-    JAX 0.12 fails on loops (``KeyError: 'num_carry'``), which all-electron networks
-    often contain.
+    JAX 0.12 fails on all three (``KeyError: 'num_carry'`` on loops).
     """
-
-    def looped(x: jax.Array) -> jax.Array:
-        return jnp.sum(jax.lax.fori_loop(0, 2, lambda i, c: jnp.tanh(c * x), x))
-
     before = logging.root.manager.disable
     logging.disable(logging.CRITICAL)  # folx logs its failures on the root logger
     try:
-        import folx
-
-        out = jax.eval_shape(folx.forward_laplacian(looped), jnp.ones(2))
-        return hasattr(out, "laplacian")
-    except Exception:  # not installed, or fails on this JAX: do not recommend it
-        return False
+        try:
+            import folx
+        except ImportError:
+            return ("not installed",)
+        failed = []
+        for name, probe in _FOLX_PROBES.items():
+            try:
+                out = jax.eval_shape(folx.forward_laplacian(probe), jnp.ones(2))
+                if not hasattr(out, "laplacian"):
+                    failed.append(name)
+            except Exception:  # fails on this JAX: do not recommend it
+                failed.append(name)
+        return tuple(failed)
     finally:
         logging.disable(before)
 
 
 def _all_electrons_hint() -> str:
     """What to use for orbitals of all electrons, by what works on the running JAX."""
-    folx_note = (
-        "; method='folx' (folx) also works on this JAX and exploits sparsity"
-        if _folx_handles_loops()
-        else "; not method='folx': folx is not installed or fails on loops "
-        "(scan/fori_loop) on this JAX"
-    )
+    failures = _folx_failures()
+    if not failures:
+        folx_note = (
+            "; method='folx' (folx) also works on this JAX (tried on a loop, a "
+            "while_loop and a custom_vjp) and exploits sparsity"
+        )
+    elif failures == ("not installed",):
+        folx_note = "; not method='folx': folx is not installed"
+    else:
+        folx_note = "; not method='folx': on this JAX folx fails on " + ", ".join(
+            failures
+        )
     return (
         "slater_laplacian, slater_matrix and orbital_derivatives need single-particle "
         "orbitals, orbitals(r) of one electron's position r of shape (3,). For "
@@ -116,8 +146,9 @@ def _all_electrons_hint() -> str:
         "laplacian.grad_and_laplacian(lambda v: log_psi(v.reshape(n, 3)), "
         "x.reshape(-1), method='loop') (or method='vmap': faster, more memory) or "
         "forward_laplacian.forward_laplacian(lambda v: log_psi(v.reshape(n, 3)), "
-        f"x.reshape(-1)), which handle loops, while, custom_jvp and custom_vjp"
-        f"{folx_note}"
+        "x.reshape(-1)); both handle loops and custom_jvp, the first also custom_vjp "
+        "(through its backward rule), the second also while_loop (which reverse mode "
+        f"cannot differentiate){folx_note}"
     )
 
 
@@ -142,12 +173,13 @@ def _check_orbitals(
        values (abstract evaluation, no FLOPs).
     2. A network written for all electrons often also runs on a batch of ``m``
        positions: it either returns ``(n,)`` values for any ``m`` (it pools over the
-       electrons it is given: refused), or ``(m, n)`` rows. Those rows are compared
-       with the rows computed one electron at a time, on ``m`` fixed probe positions;
-       if they differ, row ``i`` depended on other electrons: refused. The value
-       comparison needs concrete values: it is skipped when ``orbitals`` closes over
-       traced values (e.g. parameters under ``jit``); call once outside ``jit`` to
-       have it checked.
+       electrons it is given: refused), or ``m * n`` values (``(m, n)`` rows, or the
+       same flattened or transposed). Those are compared with the rows computed one
+       electron at a time, on ``m`` fixed probe positions; if they differ, row ``i``
+       depended on other electrons: refused (:func:`_check_one_electron`). Parameters
+       that ``orbitals`` closes over and that are traced (under ``jit``, ``vmap`` or
+       ``grad``) are replaced by fixed stand-in values for this comparison, so the
+       check also runs inside a jitted VMC step.
     """
     if not callable(orbitals):
         raise TypeError(
@@ -195,7 +227,18 @@ def _check_orbitals(
 def _check_one_electron(
     orbitals: Callable[[jax.Array], jax.Array], n: int, dtype: Any
 ) -> None:
-    """Step 2 of :func:`_check_orbitals`: refuse orbitals that read several electrons."""
+    """Step 2 of :func:`_check_orbitals`: refuse orbitals that read several electrons.
+
+    A network written for any number of electrons runs on ``m`` positions at once; its
+    output then holds ``n`` values (pooled: refused) or ``m * n`` values, in whatever
+    layout (``(m, n)``, flattened, ``(n, m)``). Those are compared, row-major and
+    transposed, with the ``m`` rows computed one electron at a time; neither matching
+    means that a row read other electrons: refused. The comparison runs on fixed probe
+    positions through ``orbitals``' jaxpr, so it also runs when ``orbitals`` closes over
+    traced values (parameters under ``jit``, ``vmap`` or ``grad``): those are replaced
+    by fixed generic stand-ins of the same shape and dtype, which is enough to see
+    whether rows mix.
+    """
     m = _probe_size(n)
     shapes = []
     for size in (m, m + 1):
@@ -213,21 +256,19 @@ def _check_one_electron(
             "row per position (reduce over axis=-1, not over the whole array). "
             f"{_all_electrons_hint()}"
         )
-    if shapes[0] != (m, n):
+    if shapes[0] is None or int(np.prod(shapes[0])) != m * n:
+        return  # neither pooled nor one row per position: nothing to compare
+    rows = _rows_together_and_alone(orbitals, m, dtype)
+    if rows is None:
         return
-    try:
-        with jax.ensure_compile_time_eval():  # concrete, even under jit or vmap
-            probe = _probe_positions(m, dtype)
-            together = orbitals(probe)
-            alone = jnp.stack([orbitals(probe[i]) for i in range(m)])
-            if isinstance(together, jax.core.Tracer) or isinstance(
-                alone, jax.core.Tracer
-            ):
-                return  # orbitals close over traced values: cannot compare
-            gap = float(jnp.max(jnp.abs(together - alone)))
-            scale = float(jnp.max(jnp.abs(alone)))
-    except Exception:  # cannot be evaluated here (e.g. a traced closure): skip
-        return
+    together, alone = rows
+    scale = float(np.max(np.abs(alone)))
+    gap = min(
+        float(np.max(np.abs(layout - alone)))
+        for layout in (together.reshape(m, n), together.reshape(n, m).T)
+    )
+    if not (np.isfinite(gap) and np.isfinite(scale)):
+        return  # the stand-in values overflowed: cannot compare
     tol = 100 * float(jnp.finfo(dtype).eps) * max(scale, 1.0)
     if not gap <= tol:
         raise ValueError(
@@ -236,6 +277,48 @@ def _check_one_electron(
             f"{scale:.3g}), so each orbital depends on every electron and the row "
             f"formula would give a wrong Laplacian. {_all_electrons_hint()}"
         )
+
+
+def _stand_in(value: Any, k: int) -> jax.Array:
+    """A fixed, generic concrete array shaped like the traced ``value`` (the ``k``-th)."""
+    shape, dtype = jnp.shape(value), jnp.result_type(value)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        size = int(np.prod(shape))
+        grid = np.sin(1.3 * np.arange(size, dtype=np.float64) + 0.7 + k)
+        return jnp.asarray(0.5 * grid.reshape(shape), dtype)
+    return jnp.zeros(shape, dtype)  # indices, counts, flags: the first
+
+
+def _rows_together_and_alone(
+    orbitals: Callable[[jax.Array], jax.Array], m: int, dtype: Any
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(orbitals(P).ravel(), stack of orbitals(P[i]))`` at ``m`` probe positions ``P``,
+    as NumPy arrays; traced closed-over values replaced by :func:`_stand_in`. ``None``
+    when that cannot be evaluated here (the check is then skipped)."""
+
+    def both(p: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jnp.ravel(orbitals(p)), jnp.stack([orbitals(p[i]) for i in range(m)])
+
+    try:
+        # the values orbitals closes over are the jaxpr's constants: the traced ones
+        # (under jit, vmap, grad) are replaced by stand-ins
+        closed = jax.make_jaxpr(both)(jax.ShapeDtypeStruct((m, 3), dtype))
+        with jax.ensure_compile_time_eval():  # concrete, even under jit or vmap
+            consts = [
+                _stand_in(c, k) if compat.is_tracer(c) else c
+                for k, c in enumerate(closed.consts)
+            ]
+            # jax.core.eval_jaxpr, public on every supported JAX (not jax.extend, whose
+            # first import changes jit's tracing context on JAX 0.12: a jit traced
+            # before it would be traced and compiled again)
+            together, alone = jax.core.eval_jaxpr(
+                closed.jaxpr, consts, _probe_positions(m, dtype)
+            )
+            if compat.is_tracer(together) or compat.is_tracer(alone):
+                return None
+            return np.asarray(together), np.asarray(alone)
+    except Exception:  # e.g. a closed-over PRNG key: cannot evaluate here, skip
+        return None
 
 
 def slater_matrix(
@@ -383,7 +466,22 @@ def slater_laplacian(
 
 
 def logdet_and_inverse(a: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(log|det a|, a^{-1})`` from one LU factorisation (the diagonal of U gives the log-determinant)."""
+    """``(log|det a|, a^{-1})`` from one LU factorisation (the diagonal of U gives the log-determinant).
+
+    Raises:
+        ValueError: ``a`` is not a square matrix ``(n, n)`` (the message gives its shape).
+        TypeError: ``a`` is not real floating-point.
+    """
+    a = jnp.asarray(a)
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise ValueError(
+            f"expected a square matrix (n, n), the Slater matrix, got shape {a.shape}"
+        )
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        raise TypeError(
+            f"expected a real floating-point matrix, got dtype {a.dtype} (cast with "
+            "a.astype(jnp.float32); complex determinants are not supported)"
+        )
     lu, pivots = jax.scipy.linalg.lu_factor(a)
     logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(lu))))
     return logdet, jax.scipy.linalg.lu_solve((lu, pivots), _eye_like(a))
