@@ -850,6 +850,7 @@ CASES = [
         lambda: implicit.root_find(_fp, X3, X3, adjoint="backsolve"),
         ValueError,
         ("adjoint must be one of", "'unrolled'", "'backsolve'"),
+    ),
     # ---- issue 26 item 4 (folxcases): shapes and dtypes named at the boundary
     Case(
         "logdet_and_inverse-not-square",
