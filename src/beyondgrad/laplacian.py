@@ -12,8 +12,10 @@ number (the last one in expectation):
     vectors :math:`e_i`, adding :math:`e_i^\\top H e_i`: one Hessian-vector product at a
     time, little memory (FermiNet's default).
 ``"vmap"``
-    the same Hessian-vector products, all at once with ``vmap``: faster, :math:`d`
-    times the memory of one product.
+    the same Hessian-vector products, all at once with ``vmap``: :math:`d` times the
+    memory of one product, and not always faster than the loop (in the book's
+    recorded benchmark the loop is the faster of the two at ``n = 64`` electrons,
+    Chapter 5.5).
 ``"folx"``
     folx's forward Laplacian (``folx.forward_laplacian``, Li et al., Nature Machine
     Intelligence 2024): value, gradient and Laplacian propagated together through the
