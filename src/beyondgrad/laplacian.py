@@ -35,8 +35,9 @@ axes of ``x`` (:func:`beyondgrad.compat.pcast_varying`). Without them a hand-bui
 basis raises a ``ValueError`` there, and a loop started from ``0.0`` a ``TypeError``
 (Chapter 5.8). These are not the chapter's seed (jax-ml/jax#33947): that was a JAX bug
 in the transpose rule of ``split`` (JAX 0.7.0 to 0.8.1, fixed in 0.8.2), which fires
-under ``check_vma=True`` whenever a piece of a split gets a symbolic-zero cotangent,
-whatever the types of the pieces, and which no cast in user code avoids.
+under ``check_vma=True`` whenever a piece of a split gets a symbolic-zero cotangent
+while another piece does not (the rule then called ``full_like`` on an abstract
+value), whatever the types of the pieces, and which no cast in user code avoids.
 
 Determinants and their structured Laplacian are in :mod:`beyondgrad.slater`, the
 forward-Laplacian interpreter in :mod:`beyondgrad.forward_laplacian`, wavefunction
