@@ -25,9 +25,11 @@ from tools.execute import (
     RunAllStopped,
     executed_notebook,
     executed_student_notebook,
+    fresh_executed_notebook,
     implied_run_all,
     run_all,
     run_all_cached,
+    run_all_implied_by_build,
 )
 
 SOURCES = book.chapter_sources()
@@ -555,6 +557,17 @@ def test_run_all_is_run_when_the_notebook_differs_from_the_source():
     nb = _self_study(done)
     nb.cells[0].source = "x = 2"
     assert implied_run_all(done, nb) is None
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=IDS)
+def test_an_execution_of_the_chapter_implies_its_self_study_run_all(source):
+    """Where the chapter has a fresh execution (the book build's), it stands for the
+    self-study notebook's Run all, so CI executes each chapter once: a build-only cell
+    that changes state (or an execution record without execution counts) breaks that,
+    and this names the chapter."""
+    if fresh_executed_notebook(source) is None:
+        pytest.skip("no fresh execution of the chapter: build the book first")
+    assert run_all_implied_by_build(source.with_suffix(".ipynb")) is not None
 
 
 @pytest.mark.timeout(900)

@@ -195,6 +195,7 @@ def cached_execution(source: Path):
         return None
     for cell, done in zip(code, cached):
         cell.outputs = done.outputs
+        cell.execution_count = done.get("execution_count")
     return nb, record.created.timestamp()
 
 
