@@ -199,7 +199,8 @@ def _locally_bound(stmt: ast.AST) -> set[str]:
 
 
 def _free_loads(stmt: ast.stmt) -> set[str]:
-    """Names ``stmt`` may read from the kernel (a ``for`` target is bound before its body)."""
+    """Names ``stmt`` may read from the kernel (a ``for`` target is bound before its
+    body; an augmented assignment reads its target)."""
 
     def loads(nodes: list) -> set[str]:
         found = {
@@ -207,6 +208,13 @@ def _free_loads(stmt: ast.stmt) -> set[str]:
             for node in nodes
             for n in ast.walk(node)
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
+        # ``x += 1`` reads x, though its target is stored
+        found |= {
+            n.target.id
+            for node in nodes
+            for n in ast.walk(node)
+            if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
         }
         return found - set().union(*(_locally_bound(node) for node in nodes))
 
@@ -216,16 +224,29 @@ def _free_loads(stmt: ast.stmt) -> set[str]:
     return loads([stmt])
 
 
-def _top_level_binds(stmt: ast.stmt) -> set[str]:
-    """Names a top-level statement always binds (assignments, imports, definitions)."""
+def _binds(stmt: ast.stmt) -> set[str]:
+    """Names a statement binds by itself: imports, definitions, and the plain names
+    among assignment targets (``a[i] = x`` binds nothing; ``for``/``if`` bodies are
+    not looked into)."""
     if isinstance(stmt, ast.Import | ast.ImportFrom):
         return {(a.asname or a.name).split(".")[0] for a in stmt.names}
     if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return {stmt.name}
-    if isinstance(stmt, ast.Assign | ast.AnnAssign):
+    if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign):
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        return {
+            n.id
+            for t in targets
+            for n in ast.walk(t)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        }
     return set()
+
+
+def _top_level_binds(stmt: ast.stmt) -> set[str]:
+    """Names a top-level statement always rebinds without reading them first (an
+    augmented assignment reads its target; a ``for`` may not run)."""
+    return set() if isinstance(stmt, ast.AugAssign) else _binds(stmt)
 
 
 def _read_before_bound(names: set[str], later_cells: list[str]) -> bool:
@@ -250,8 +271,6 @@ def _bound_names(node: ast.AST) -> set[str] | None:
     """Names a build-only statement binds, or None if it may change kernel state
     otherwise (anything but imports, assignments to names, asserts, calls of
     :data:`_INERT_CALLS`, and ``for``/``if`` made of those)."""
-    if isinstance(node, ast.Import | ast.ImportFrom):
-        return {(a.asname or a.name).split(".")[0] for a in node.names}
     if isinstance(node, ast.Assert):
         return set()
     if isinstance(node, ast.Expr):
@@ -260,16 +279,12 @@ def _bound_names(node: ast.AST) -> set[str] | None:
         return set() if ok and call.func.id in _INERT_CALLS else None  # type: ignore[union-attr]
     if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        names: set[str] = set()
-        for t in targets:
-            for sub in ast.walk(t):
-                if isinstance(sub, ast.Attribute | ast.Subscript | ast.Starred):
-                    return None  # writes into an object a later cell may read
-                if isinstance(sub, ast.Name):
-                    names.add(sub.id)
-        return names
-    if isinstance(node, ast.FunctionDef):
-        return {node.name}
+        writes_into = (ast.Attribute, ast.Subscript, ast.Starred)
+        if any(isinstance(sub, writes_into) for t in targets for sub in ast.walk(t)):
+            return None  # writes into an object a later cell may read
+        return _binds(node)
+    if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef):
+        return _binds(node)
     if isinstance(node, ast.For | ast.If):
         names = set()
         if isinstance(node, ast.For):
