@@ -8,6 +8,7 @@ other test files keep JAX's float32 default).
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import types
 
@@ -849,8 +850,15 @@ def test_non_convergence_raises_under_jit_and_vmap(x64):
     solve = jax.jit(
         lambda t: im.fixed_point(_doubling, jnp.zeros(3), t, tol=1e-8, max_iter=25)
     )
-    with pytest.raises(RuntimeError, match="SolverError: fixed_point did not converge"):
-        jax.block_until_ready(solve(1.0))
+    with compat.captured_debug_callback_log() as host_log:
+        with pytest.raises(
+            RuntimeError, match="SolverError: fixed_point did not converge"
+        ):
+            jax.block_until_ready(solve(1.0))
+    # JAX logged the host traceback once; the context kept it off stderr
+    assert [r.exc_info[0] for r in host_log] == [im.SolverError]
+    assert host_log[0].getMessage() == "jax.debug.callback failed"
+    assert not logging.getLogger(compat.DEBUG_CALLBACK_LOGGER).filters
     quiet = jax.jit(
         lambda t: im.fixed_point(
             _doubling, jnp.zeros(3), t, tol=1e-8, max_iter=25, throw=False

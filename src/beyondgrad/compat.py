@@ -26,7 +26,9 @@ parsing the string. Importing this module starts no backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import jax
@@ -572,3 +574,32 @@ def gloo_loopback_cpu_backend(hostname: str = "127.0.0.1") -> None:
     xla_bridge.register_backend_factory(
         "cpu", loopback_cpu_client, priority=0, fail_quietly=False
     )
+
+
+#: the logger through which ``jax.debug.callback`` logs a failed host callback's
+#: traceback before re-raising (``jax._src.debugging``'s module logger, 0.8.2 to 0.12)
+DEBUG_CALLBACK_LOGGER = "jax._src.debugging"
+
+
+@contextlib.contextmanager
+def captured_debug_callback_log() -> Iterator[list[logging.LogRecord]]:
+    """Keep, rather than print, what JAX logs when a ``jax.debug.callback`` raises.
+
+    When the host function of a ``jax.debug.callback`` raises, JAX logs
+    ``"jax.debug.callback failed"`` with the host traceback (file paths of the machine
+    that ran it) to stderr, then re-raises inside the runtime's error. Inside this
+    context those records are appended to the yielded list instead (a filter on
+    :data:`DEBUG_CALLBACK_LOGGER`, removed on exit); the exception is untouched.
+    """
+    records: list[logging.LogRecord] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        records.append(record)
+        return False
+
+    logger = logging.getLogger(DEBUG_CALLBACK_LOGGER)
+    logger.addFilter(keep)
+    try:
+        yield records
+    finally:
+        logger.removeFilter(keep)
