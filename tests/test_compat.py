@@ -145,12 +145,19 @@ def test_varying_axes_of_aval_reads_either_layout(aval, expected):
     assert compat.varying_axes_of_aval(aval) == expected
 
 
-def test_the_installed_jax_uses_the_layout_the_docstring_names():
+def test_the_installed_jax_uses_the_layout_the_drift_record_names():
+    """Which field holds the varying axes: the drift record's probe
+    ``aval_varying_axes_field`` on this JAX (``vma`` up to 0.9.x, ``manual_axis_type``
+    from 0.10), read the way the probe reads it."""
+    import drift_record
+
+    recorded = drift_record.expected("aval_varying_axes_field").value
     aval = jax.typeof(jnp.ones(2))
-    if compat.jax_version() >= (0, 10, 0):
-        assert hasattr(aval, "manual_axis_type")
-    else:
-        assert hasattr(aval, "vma")
+    has_vma = getattr(aval, "vma", None) is not None
+    has_mat = getattr(aval, "manual_axis_type", None) is not None
+    assert has_vma == ("vma absent" not in recorded), recorded
+    assert has_mat == ("manual_axis_type absent" not in recorded), recorded
+    assert has_vma or has_mat  # the layout compat.varying_axes_of_aval reads
 
 
 @pytest.mark.parametrize(
@@ -176,6 +183,49 @@ def test_jit_cache_size_counts_traces_and_rejects_plain_functions():
     assert compat.jit_cache_size(f) == 2
     with pytest.raises(TypeError, match="made by jax.jit"):
         compat.jit_cache_size(lambda v: v)
+
+
+_COMPILED_ONCE = """
+import sys
+import jax, jax.numpy as jnp
+from beyondgrad import compat
+f = jax.jit(lambda v: jnp.sin(v) * 2)
+x = jnp.ones(3)
+f(x)
+before = compat.jit_cache_size(f)
+from beyondgrad import forward_laplacian
+forward_laplacian.forward_laplacian(lambda v: jnp.sum(jnp.sin(v) ** 2), x)
+eqn = jax.make_jaxpr(lambda v: v + 1.0)(x).jaxpr.eqns[0]
+literal = [a for a in eqn.invars if type(a).__name__ == "Literal"][0]
+assert float(compat.jaxpr_atom_value(literal, {})) == 1.0
+f(x)
+print("cache sizes", before, compat.jit_cache_size(f),
+      "pallas" if "jax._src.pallas.core" in sys.modules else "no pallas")
+"""
+
+
+def test_a_function_jitted_before_the_first_forward_laplacian_is_not_compiled_again():
+    """On JAX 0.12 the first import of ``jax.extend`` registers two jit-key config
+    states (pallas's), so every function jitted before it missed its cache once; that
+    import was made by ``compat.jaxpr_atom_value``'s first call and by importing
+    ``beyondgrad.forward_laplacian``. Now ``compat``'s import makes it. In a fresh
+    process: a function jitted after ``from beyondgrad import compat`` keeps its one
+    cache entry through the first forward_laplacian call (it had 2 before the fix)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    out = subprocess.run(
+        [sys.executable, "-c", _COMPILED_ONCE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "cache sizes 1 1" in out.stdout, out.stdout
 
 
 def test_backends_initialized_after_a_computation():

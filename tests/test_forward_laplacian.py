@@ -394,6 +394,32 @@ def test_a_loop_stays_a_loop():
     assert [e.primitive for e in jaxpr.jaxpr.eqns].count(lax.while_p) == 1
 
 
+def _unstacked(r):
+    """``jnp.unstack`` along both axes and iteration over a traced array (all three
+    emit ``unstack`` on JAX 0.12), each slice then used nonlinearly."""
+    m = jnp.stack([r, r**2, jnp.sin(r)])
+    a, b, c = jnp.unstack(m)
+    cols = jnp.unstack(m, axis=1)
+    x, y, z = r
+    return a * b + jnp.tanh(c) * cols[0] + cols[2] ** 2 + jnp.exp(x * y) * z
+
+
+@pytest.mark.parametrize("point", [R, R2])
+def test_unstack_has_a_linear_rule_and_matches_the_hessian_trace(point, no_generic):
+    """``unstack`` (JAX 0.12; 0.8.2's ``jnp.unstack`` is a ``jit`` of ``split`` and
+    ``squeeze``) goes through the linear rule, with no GenericRuleWarning."""
+    prim = compat.primitive("unstack")
+    emitted = _primitives(jax.make_jaxpr(_unstacked)(jnp.ones(3)), set())
+    if prim is not None:
+        assert prim in emitted and fl.RULES[prim].kind == "linear"
+        fl._WARNED.discard(prim)  # a warning issued before this test would hide one
+    with jax.enable_x64(True), warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        lap = _check(_unstacked, jnp.array(point))
+    assert not [w for w in got if issubclass(w.category, fl.GenericRuleWarning)]
+    assert np.min(np.abs(np.asarray(lap))) > 1e-3  # second derivatives took part
+
+
 # --- complex values, custom_jvp and custom_vjp semantics ------------------------------------
 
 

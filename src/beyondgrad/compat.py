@@ -32,6 +32,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import jax
+
+# Imported here, when beyondgrad is, not at a first call: on JAX 0.12 importing
+# ``jax.extend`` imports ``jax.extend.pallas`` -> ``jax._src.pallas.core``, which
+# registers two config states with ``include_in_jit_key=True``
+# (``pallas_grid_context``, ``pallas_dynamic_shapes_export``). That lengthens
+# ``config.trace_context()``, the part of every ``jax.jit`` cache key that holds such
+# states, so each function jitted before the import misses its cache once and is
+# traced and compiled again (measured: ``_cache_size()`` 1 -> 2; JAX 0.8.2's
+# ``jax.extend`` imports no pallas and changes nothing). The import starts no backend.
+import jax.extend.core  # noqa: F401  (for its side effect, see above)
 from jax import lax
 from jax.sharding import AxisType
 
@@ -442,12 +452,11 @@ def jaxpr_atom_value(atom: Any, env: dict[Any, Any]) -> Any:
     """The value of a jaxpr input ``atom``: a literal's constant, or ``env[atom]`` for a variable.
 
     Used by the forward-Laplacian interpreter (:mod:`beyondgrad.forward_laplacian`,
-    Chapter 5);
-    ``jax.extend.core.Literal`` is public from 0.8.2 to the newest JAX.
+    Chapter 5); ``jax.extend.core.Literal`` is public from 0.8.2 to the newest JAX
+    (imported with this module: a first import at the first call would make every
+    function jitted before it compile again, see the import's comment).
     """
-    from jax.extend.core import Literal
-
-    return atom.val if isinstance(atom, Literal) else env[atom]
+    return atom.val if isinstance(atom, jax.extend.core.Literal) else env[atom]
 
 
 def bind_equation(eqn: Any, invals: Sequence[Any]) -> list[Any]:

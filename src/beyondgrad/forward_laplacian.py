@@ -935,6 +935,11 @@ RULES.update(
     }
 )
 
+#: ``unstack`` (``jnp.unstack``, ``lax.unstack`` and iterating over a traced array, e.g.
+#: ``x, y, z = r``, on JAX 0.12; absent on 0.8.2, whose ``jnp.unstack`` is a ``jit`` of
+#: ``split`` and ``squeeze``): linear, one slice of operand 0 per result.
+RULES.update(dict.fromkeys(_prims("unstack"), linear(0)))
+
 
 # ----------------------------------------------------------------------------- the interpreter
 
