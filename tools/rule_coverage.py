@@ -87,7 +87,9 @@ def _layers() -> dict[str, Callable[[Any], Any]]:
             v[0] > 0, lambda u: jnp.sum(u**3), lambda u: jnp.sum(u**2), v
         ),
         "scan": lambda v: lax.scan(lambda c, x: (c * jnp.tanh(x) + x, c), 1.0, v)[0],
-        "fori_loop": lambda v: lax.fori_loop(0, 3, lambda i, u: jnp.sin(u) * v, v).sum(),
+        "fori_loop": lambda v: lax.fori_loop(
+            0, 3, lambda i, u: jnp.sin(u) * v, v
+        ).sum(),
         "jit, checkpoint": lambda v: jnp.sum(jax.jit(jax.checkpoint(jnp.tanh))(pre(v))),
     }
 
