@@ -420,6 +420,49 @@ def test_unstack_has_a_linear_rule_and_matches_the_hessian_trace(point, no_gener
     assert np.min(np.abs(np.asarray(lap))) > 1e-3  # second derivatives took part
 
 
+def test_composite_is_interpreted_through_its_decomposition(no_generic):
+    """``lax.composite`` has no JVP in JAX (so ``jax.hessian`` refuses it); the
+    interpreter runs its decomposition on jets, checked against the decomposition."""
+    inner = lambda u: jnp.tanh(u) * u[::-1]  # noqa: E731
+    f = lambda v: jnp.sum(lax.composite(inner, name="bg.test")(v) ** 2)  # noqa: E731
+    plain = lambda v: jnp.sum(inner(v) ** 2)  # noqa: E731
+    assert "composite" in str(jax.make_jaxpr(f)(jnp.ones(3)))
+    with jax.enable_x64(True):
+        r = jnp.array(R)
+        got = jax.jit(lambda v: fl.forward_laplacian(f, v))(r)
+        want = _reference(plain, r)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), 1e-12, 1e-13)
+        with pytest.raises(ValueError, match="JVP rule for composite"):
+            jax.hessian(f)(r)
+
+
+def test_polynomial_is_elementwise_with_constant_coefficients(no_generic):
+    """``jnp.polyval`` emits ``polynomial`` on JAX 0.12 (0.8.2: multiplies and adds);
+    with constant coefficients it takes the elementwise rule."""
+    f = lambda v: jnp.sum(jnp.polyval(jnp.array([0.5, -2.0, 3.0, 1.0]), v) * v)  # noqa: E731
+    prim = compat.primitive("polynomial")
+    if prim is not None:
+        assert prim in _primitives(jax.make_jaxpr(f)(jnp.ones(3)), set())
+    with jax.enable_x64(True):
+        lap = _check(f, jnp.array(R))
+    assert abs(float(lap)) > 1e-3
+
+
+def test_polynomial_with_coefficients_that_depend_on_r():
+    prim = compat.primitive("polynomial")
+    if prim is None:  # JAX without the primitive: polyval is built of mul and add
+        assert not hasattr(lax, "polynomial")
+        return
+    f = lambda v: jnp.sum(lax.polynomial(v, [v[0], 2.0 * v[1], v[2]]))  # noqa: E731
+    plain = lambda v: jnp.sum(v[0] + 2.0 * v[1] * v + v[2] * v * v)  # noqa: E731
+    with jax.enable_x64(True):
+        got = jax.jit(lambda v: fl.forward_laplacian(f, v))(jnp.array(R))
+        want = _reference(plain, jnp.array(R))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), 1e-12, 1e-13)
+
+
 # --- complex values, custom_jvp and custom_vjp semantics ------------------------------------
 
 

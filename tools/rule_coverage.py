@@ -79,6 +79,15 @@ def _layers() -> dict[str, Callable[[Any], Any]]:
         "slogdet": lambda v: jnp.linalg.slogdet(w + jnp.outer(v, v))[1],
         "det": lambda v: jnp.linalg.det(w + jnp.outer(v, v)),
         "inv": lambda v: jnp.sum(jnp.linalg.inv(w + 3 * jnp.eye(6) + jnp.outer(v, v))),
+        "polyval": lambda v: jnp.sum(jnp.polyval(jnp.array([1.0, -2.0, 0.5]), v) * v),
+        "sinc": lambda v: jnp.sum(jnp.sinc(pre(v))),
+        "fft": lambda v: jnp.sum(jnp.abs(jnp.fft.fft(v * v)) ** 2),
+        "rfft, irfft": lambda v: jnp.sum(jnp.fft.irfft(jnp.fft.rfft(jnp.sin(v))) ** 3),
+        "top_k": lambda v: jnp.sum(lax.top_k(pre(v) ** 2, 3)[0] ** 2),
+        "betainc": lambda v: jnp.sum(
+            jax.scipy.special.betainc(2.0, 3.0, jax.nn.sigmoid(pre(v)))
+        ),
+        "ldexp": lambda v: jnp.sum(jnp.ldexp(jnp.sin(v), 2)),
         "unstack": lambda v: sum(jnp.sin(a) for a in jnp.unstack(v)),
         "split": lambda v: jnp.sum(jnp.split(v, 2)[0] * jnp.split(v, 2)[1]),
         "take": lambda v: jnp.sum(jnp.take(v, jnp.array([0, 2, 2, 5])) ** 3),

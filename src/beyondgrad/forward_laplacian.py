@@ -410,18 +410,25 @@ def constant() -> Rule:
     )
 
 
-def call(param: str) -> Rule:
-    """A call of the sub-jaxpr in ``eqn.params[param]`` (``jit``, ``checkpoint``): the
-    body is interpreted in place on jets (``checkpoint``'s rematerialisation is for
-    reverse mode, which the forward Laplacian does not run)."""
+def call(*params: str) -> Rule:
+    """A call of the sub-jaxpr in ``eqn.params[param]``, for the first of ``params``
+    the equation has (``jit``, ``checkpoint``; a parameter renamed across JAX versions
+    is given by both names): the body is interpreted in place on jets
+    (``checkpoint``'s rematerialisation is for reverse mode, which the forward
+    Laplacian does not run)."""
+    if not params:
+        raise TypeError("call() needs the name of the sub-jaxpr parameter")
 
     def apply(eqn: Any, ins: list) -> list:
-        if param not in eqn.params:
+        param = next((k for k in params if k in eqn.params), None)
+        if param is None:
             return _GENERIC(eqn, ins)
         inner, consts = _open(eqn.params[param])
         return _interpret(inner, consts, ins)
 
-    return Rule("call", apply, f"sub-jaxpr eqn.params[{param!r}]")
+    return Rule(
+        "call", apply, " or ".join(f"sub-jaxpr eqn.params[{k!r}]" for k in params)
+    )
 
 
 def custom(fn: Callable[[Any, list[Any]], list[Any]], detail: str = "") -> Rule:
@@ -683,6 +690,11 @@ FALLBACK: frozenset[Primitive] = frozenset(
         P.eigh_p,
         P.svd_p,
         *_prims("custom_lin", "linear_call"),
+        # rare in wavefunctions; no structure cheaper than the generic rule
+        lax.top_k_p,
+        *_prims("approx_top_k", "regularized_incomplete_beta", "call_hi_primitive"),
+        # JAX has no JVP of a general reduce_window: the generic rule raises JAX's error
+        *_prims("reduce_window"),
     ]
 )
 
@@ -936,9 +948,30 @@ RULES.update(
 )
 
 #: ``unstack`` (``jnp.unstack``, ``lax.unstack`` and iterating over a traced array, e.g.
-#: ``x, y, z = r``, on JAX 0.12; absent on 0.8.2, whose ``jnp.unstack`` is a ``jit`` of
-#: ``split`` and ``squeeze``): linear, one slice of operand 0 per result.
+#: ``x, y, z = r``, from JAX 0.10.1; absent on 0.8.2, whose ``jnp.unstack`` is a ``jit``
+#: of ``split`` and ``squeeze``): linear, one slice of operand 0 per result.
 RULES.update(dict.fromkeys(_prims("unstack"), linear(0)))
+
+
+def _polynomial(eqn: Any, ins: list) -> list:
+    """``polynomial(x, *coeffs)`` (``jnp.polyval``, ``jnp.sinc`` on JAX 0.12): with
+    constant coefficients an elementwise function of ``x``; otherwise the generic rule."""
+    x, *coeffs = ins
+    if not isinstance(x, Jet) or any(isinstance(c, Jet) for c in coeffs):
+        return _GENERIC(eqn, ins)
+    return _unary_rule(lambda vals: bind(eqn, [vals[0], *coeffs]), x)
+
+
+RULES.update(
+    {
+        **dict.fromkeys(_prims("polynomial"), custom(_polynomial, "elementwise in x")),
+        # every FFT type is a real-linear map of its operand
+        lax.fft_p: linear(0),
+        # lax.composite: its decomposition, interpreted in place (the parameter is
+        # "jaxpr" on 0.8.2, "call_jaxpr" on 0.12)
+        **dict.fromkeys(_prims("composite"), call("call_jaxpr", "jaxpr")),
+    }
+)
 
 
 # ----------------------------------------------------------------------------- the interpreter
