@@ -69,7 +69,7 @@ HUTCHINSON_KEY_SEED, HUTCHINSON_SAMPLES = 11, 4
 
 #: XLA options of this file's programs: no LLVM optimisation. Each program runs once on
 #: a few numbers, so compiling is nearly all of the time (measured on JAX 0.12.0.1, each
-#: method of each case compiled alone: 1.4 s running, 200 s compiling, 28 s tracing);
+#: method of each case compiled alone: 1.5 s running, 198 s compiling, 31 s tracing);
 #: these options cut the compile time of the joint programs of "det", "elementwise
 #: real-only", "scatter add" and "mlp" by 21%, 33%, 28% and 51%. The HLO passes
 #: (simplification, fusion) still run.
@@ -85,9 +85,10 @@ def compiled(fn: Callable, *args: object) -> Callable:
 
 
 def hutchinson_key() -> jax.Array:
-    """The probes' key: an ``rbg`` key, whose generator is one XLA op. Measured: the
-    default threefry key's generator added 0.3 s (JAX 0.12.0.1) and 0.5-0.65 s (0.8.2)
-    of XLA compilation to every program that draws the probes; ``rbg`` 0.1 s."""
+    """The probes' key: an ``rbg`` key, whose generator is one XLA op. Measured (compile
+    time of a program that draws the probes minus one that does not): the default
+    threefry key 0.25-0.34 s on JAX 0.12.0.1 and 0.41-0.59 s on 0.8.2, ``rbg`` 0.05-0.1 s
+    and 0.04 s."""
     return jax.random.key(HUTCHINSON_KEY_SEED, impl="rbg")
 
 
