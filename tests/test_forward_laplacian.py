@@ -19,7 +19,7 @@ from jax.extend.core import Primitive
 
 from beyondgrad import compat, slater, wavefunctions
 from beyondgrad import forward_laplacian as fl
-from tools import book
+from tools import book, rule_coverage
 
 R = (0.3, -0.7, 0.45)
 R2 = (-0.35, 0.8, 0.2)  # the other side of every branch on r[0]
@@ -461,6 +461,53 @@ def test_polynomial_with_coefficients_that_depend_on_r():
         want = _reference(plain, jnp.array(R))
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), 1e-12, 1e-13)
+
+
+def test_psum_and_ppermute_inside_shard_map(no_generic):
+    """A function of a replicated ``r`` whose weights are sharded by rows over 4
+    devices: each device's part, a ``ppermute`` to the next device and a ``psum``; the
+    Laplacian equals the float64 Hessian trace of the whole (unsharded) function."""
+    from jax.sharding import PartitionSpec as P
+
+    from beyondgrad import runtime
+
+    mesh = runtime.demo_mesh(4, "data")
+    ring = [(i, (i + 1) % 4) for i in range(4)]
+
+    def part(wb, v):
+        h = jnp.tanh(wb @ v)
+        shifted = lax.ppermute(h, "data", ring)
+        return lax.psum(jnp.sum(h**2) + jnp.sum(h * shifted), "data")
+
+    def whole(w, v):
+        h = jnp.tanh(w @ v).reshape(4, 2)
+        return jnp.sum(h**2) + jnp.sum(h * jnp.roll(h, 1, axis=0))
+
+    sharded = jax.jit(
+        jax.shard_map(
+            lambda wb, v: fl.forward_laplacian(functools.partial(part, wb), v),
+            mesh=mesh,
+            in_specs=(P("data"), P()),
+            out_specs=P(),
+        )
+    )
+    with jax.enable_x64(True):
+        w = jnp.asarray(np.random.default_rng(3).normal(size=(8, 3)))
+        r = jnp.array(R)
+        got = sharded(w, r)
+        want = _reference(functools.partial(whole, w), r)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), 1e-12, 1e-13)
+
+
+def test_every_public_primitive_has_a_rule_a_fallback_or_needs_none():
+    """Every ``Primitive`` that ``jax.lax`` and ``jax.extend.core.primitives`` export
+    on the running JAX is in RULES, in FALLBACK, or in rule_coverage.NO_RULE_NEEDED
+    (and in one of them only): a primitive new in a JAX release fails here until it is
+    classified."""
+    assert rule_coverage.unclassified() == []
+    classified = {p.name for p in fl.RULES} | {p.name for p in fl.FALLBACK}
+    assert not classified & rule_coverage.NO_RULE_NEEDED
 
 
 # --- complex values, custom_jvp and custom_vjp semantics ------------------------------------

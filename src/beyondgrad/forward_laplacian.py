@@ -693,8 +693,18 @@ FALLBACK: frozenset[Primitive] = frozenset(
         # rare in wavefunctions; no structure cheaper than the generic rule
         lax.top_k_p,
         *_prims("approx_top_k", "regularized_incomplete_beta", "call_hi_primitive"),
-        # JAX has no JVP of a general reduce_window: the generic rule raises JAX's error
-        *_prims("reduce_window"),
+        # JAX has no JVP of a general reduce_window (or reduce): the generic rule
+        # raises JAX's error
+        *_prims("reduce_window", "reduce"),
+        # piecewise or rarely met: the generic rule is exact and cheap enough
+        *_prims("pmax", "pmin", "ragged_all_to_all", "igammac", "igamma_grad_a"),
+        *_prims("random_gamma", "rng_uniform", "select_and_gather_add"),
+        *_prims("select_and_scatter", "select_and_scatter_add"),
+        # matrix decompositions besides those above
+        *_prims("eig", "schur", "hessenberg", "householder_product", "tridiagonal"),
+        *_prims("tridiagonal_solve"),
+        # pmap inside the function: its body runs per device, so it is not inlined
+        *_prims("xla_pmap"),
     ]
 )
 
@@ -953,6 +963,21 @@ RULES.update(
 RULES.update(dict.fromkeys(_prims("unstack"), linear(0)))
 
 
+def _across_devices(eqn: Any, ins: list) -> list:
+    """``psum``/``ppermute`` act on each element across devices and are linear, so they
+    apply to ``val``, ``jac`` (with its leading ``d`` axis) and ``lap`` as they are, one
+    operand at a time: no ``vmap`` over the ``d`` rows (``vmap`` of ``psum`` inside
+    ``shard_map`` raises a ``TypeError`` in JAX 0.8.2 and 0.8.3)."""
+    outs = []
+    for x in ins:
+        if not isinstance(x, Jet):
+            outs.append(bind(eqn, [x])[0])
+            continue
+        lap = None if x.lap is None else bind(eqn, [x.lap])[0]
+        outs.append(Jet(bind(eqn, [x.val])[0], bind(eqn, [x.jac])[0], lap))
+    return outs
+
+
 def _polynomial(eqn: Any, ins: list) -> list:
     """``polynomial(x, *coeffs)`` (``jnp.polyval``, ``jnp.sinc`` on JAX 0.12): with
     constant coefficients an elementwise function of ``x``; otherwise the generic rule."""
@@ -967,6 +992,17 @@ RULES.update(
         **dict.fromkeys(_prims("polynomial"), custom(_polynomial, "elementwise in x")),
         # every FFT type is a real-linear map of its operand
         lax.fft_p: linear(0),
+        # collectives inside shard_map that sum or move values elementwise across
+        # devices: the same collective on each part (see _across_devices)
+        **dict.fromkeys(
+            _prims("psum", "psum_invariant", "ppermute"),
+            custom(_across_devices, "the same collective on val, jac and lap"),
+        ),
+        # collectives that gather or split along an axis: linear in every operand
+        **dict.fromkeys(
+            _prims("all_gather", "all_gather_invariant", "all_to_all"),
+            linear(all_from=0),
+        ),
         # lax.composite: its decomposition, interpreted in place (the parameter is
         # "jaxpr" on 0.8.2, "call_jaxpr" on 0.12)
         **dict.fromkeys(_prims("composite"), call("call_jaxpr", "jaxpr")),
