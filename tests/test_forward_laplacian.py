@@ -510,6 +510,76 @@ def test_every_public_primitive_has_a_rule_a_fallback_or_needs_none():
     assert not classified & rule_coverage.NO_RULE_NEEDED
 
 
+def test_scan_over_a_zero_length_input_that_depends_on_r():
+    """A scan over no steps (e.g. the electrons of an empty spin channel) returns its
+    initial carry; the interpreter traces the body on stand-in slices."""
+    for k in (0, 2):
+        f = lambda v: jnp.sum(lax.scan(lambda c, a: (c * a, a), v[0], v[:k])[0] * v)  # noqa: B023, E731
+        with jax.enable_x64(True):
+            lap = _check(f, jnp.linspace(0.1, 1.0, 4))
+        assert float(lap) == pytest.approx(2.0 if k == 0 else 1.94, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "rule, match",
+    [
+        (lambda eqn, ins: ins[0], "returned a Jet; a rule returns a list"),
+        (lambda eqn, ins: [ins[0], ins[0]], "returned a list of 2"),
+        (
+            lambda eqn, ins: [fl.Jet(ins[0].val, ins[0].jac[:2], None)],
+            r"jac of shape \(2, 3\); expected \(3, 3\)",
+        ),
+    ],
+)
+def test_a_registered_rule_with_a_slip_fails_at_trace_time(rule, match):
+    f = lambda v: jnp.sum(v * jnp.sin(v))  # noqa: E731
+    with fl.rules_overridden({lax.mul_p: fl.custom(rule)}):
+        with pytest.raises((TypeError, ValueError), match=match):
+            fl.forward_laplacian(f, jnp.array(R))
+
+
+def test_rule_builders_and_lookups_refuse_wrong_arguments():
+    with pytest.raises(TypeError, match="rule_for needs a jax.extend.core.Primitive"):
+        fl.rule_for("sin")
+    with pytest.raises(TypeError, match="operand positions as ints"):
+        fl.linear("0")
+    with pytest.raises(TypeError, match="names of the sub-jaxpr parameter"):
+        fl.call(3)
+    with pytest.raises(TypeError, match="fn must return one array"):
+        fl.forward_laplacian(lambda v: {"a": v[0], "b": v[1]}, jnp.array(R))
+
+
+def test_shard_map_inside_the_function_is_a_deliberate_fallback():
+    """The body runs per device with its own axis names, so it is not inlined: the
+    generic rule (forward over forward on the whole shard_map), with no warning."""
+    from jax.sharding import PartitionSpec as P
+
+    from beyondgrad import runtime
+
+    mesh = runtime.demo_mesh(4, "data")
+    w = jnp.asarray(np.random.default_rng(4).normal(size=(8, 3)))
+
+    def f(v):
+        rows = jax.shard_map(
+            lambda wb: jnp.tanh(wb @ v),
+            mesh=mesh,
+            in_specs=P("data"),
+            out_specs=P("data"),
+        )(w)
+        return jnp.sum(rows**2)
+
+    def whole(v):  # the reference: reverse mode through shard_map fails on 0.8.2
+        return jnp.sum(jnp.tanh(w @ v) ** 2)
+
+    assert compat.primitive("shard_map") in fl.FALLBACK
+    with jax.enable_x64(True), warnings.catch_warnings():
+        warnings.simplefilter("error", fl.GenericRuleWarning)
+        r = jnp.array(R)
+        got = jax.jit(lambda v: fl.forward_laplacian(f, v))(r)
+        for a, b in zip(got, _reference(whole, r)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), 1e-12, 1e-13)
+
+
 # --- complex values, custom_jvp and custom_vjp semantics ------------------------------------
 
 

@@ -493,6 +493,7 @@ _PRIMITIVE_MODULES = (
     "jax._src.lax.control_flow.solves",
     "jax._src.lax.linalg",
     "jax._src.pjit",
+    "jax._src.shard_map",
     "jax._src.ad_checkpoint",
     "jax._src.custom_derivatives",
     "jax._src.core",

@@ -352,6 +352,11 @@ def linear(*positions: int, all_from: int | None = None) -> Rule:
     the value."""
     if not positions and all_from is None:
         raise ValueError("linear() needs the linear positions or all_from")
+    if not all(isinstance(k, int) for k in (*positions, all_from or 0)):
+        raise TypeError(
+            f"linear() takes operand positions as ints, got {positions!r} "
+            f"(all_from={all_from!r}); e.g. linear(0) or linear(all_from=1)"
+        )
 
     def apply(eqn: Any, ins: list) -> list:
         pos = positions if all_from is None else tuple(range(all_from, len(ins)))
@@ -416,8 +421,11 @@ def call(*params: str) -> Rule:
     is given by both names): the body is interpreted in place on jets
     (``checkpoint``'s rematerialisation is for reverse mode, which the forward
     Laplacian does not run)."""
-    if not params:
-        raise TypeError("call() needs the name of the sub-jaxpr parameter")
+    if not params or not all(isinstance(k, str) for k in params):
+        raise TypeError(
+            f"call() takes the names of the sub-jaxpr parameter as strs, got {params!r}"
+            ' (e.g. call("jaxpr") for jit)'
+        )
 
     def apply(eqn: Any, ins: list) -> list:
         param = next((k for k in params if k in eqn.params), None)
@@ -703,8 +711,9 @@ FALLBACK: frozenset[Primitive] = frozenset(
         # matrix decompositions besides those above
         *_prims("eig", "schur", "hessenberg", "householder_product", "tridiagonal"),
         *_prims("tridiagonal_solve"),
-        # pmap inside the function: its body runs per device, so it is not inlined
-        *_prims("xla_pmap"),
+        # pmap or shard_map inside the function: the body runs per device with its
+        # own axis names, so it is not inlined
+        *_prims("xla_pmap", "shard_map"),
     ]
 )
 
@@ -715,6 +724,11 @@ def rule_for(primitive: Primitive, d: int | None = None) -> Rule:
     """The rule the interpreter uses for ``primitive``: its entry in :data:`RULES`, else
     the generic rule (with a :class:`GenericRuleWarning`, once per primitive, unless
     ``primitive`` is in :data:`FALLBACK`; ``d``, the input size, goes into its cost)."""
+    if not isinstance(primitive, Primitive):
+        raise TypeError(
+            "rule_for needs a jax.extend.core.Primitive (e.g. jax.lax.sin_p), got "
+            f"{type(primitive).__name__} {primitive!r}"
+        )
     found = RULES.get(primitive)
     if found is not None:
         return found
@@ -848,6 +862,14 @@ def _loop_mask(
         mask = grown
 
 
+def _step(a: jax.Array, axis: int = 0) -> jax.Array:
+    """The first slice of ``a`` along the scanned ``axis``, or zeros of that shape
+    when the axis has length 0."""
+    if a.shape[axis]:
+        return lax.index_in_dim(a, 0, axis, keepdims=False)
+    return jnp.zeros(a.shape[:axis] + a.shape[axis + 1 :], a.dtype)
+
+
 def _scan_rule(eqn: Any, ins: list) -> list:
     """``scan``: the body runs on jets inside ``lax.scan``; scanned Jets are sliced
     along their value axis (axis 1 of jac)."""
@@ -861,8 +883,12 @@ def _scan_rule(eqn: Any, ins: list) -> list:
     )
     d = _jet_dim(ins)
     xs_mask = _jet_mask(xs)
+    # one step's slices, only traced abstractly (for the masks); a scan of length 0
+    # has none, so zeros of a step's shape stand in
     x_slices = [
-        Jet(x.val[0], x.jac[:, 0], _zeros_if_none(x.lap, x.val)[0]) if m else x[0]
+        Jet(_step(x.val), _step(x.jac, 1), _step(_zeros_if_none(x.lap, x.val)))
+        if m
+        else _step(x)
         for x, m in zip(xs, xs_mask)
     ]
     mask = _loop_mask(body, body_consts, consts, init, x_slices, d)
@@ -1022,6 +1048,36 @@ def has_float_result(eqn: Any) -> bool:
     )
 
 
+def _check_outputs(eqn: Any, rule: Rule, outs: Any, d: int) -> None:
+    """A rule's results must be a list with, per result of ``eqn``, an array of its
+    shape or a :class:`Jet` whose ``jac`` is ``(d, *shape)`` (trace-time shapes only:
+    a registered rule with a slip fails here, not with a wrong value later)."""
+    name = f"the {rule.kind} rule for {eqn.primitive.name!r}"
+    listed = isinstance(outs, (list, tuple)) and not isinstance(outs, Jet)
+    if not listed or len(outs) != len(eqn.outvars):
+        got = f"a {type(outs).__name__}"
+        if listed:
+            got += f" of {len(outs)}"
+        raise TypeError(
+            f"{name} returned {got}; a rule returns a list with one array or Jet per "
+            f"result of the primitive ({len(eqn.outvars)} here)"
+        )
+    for k, (var, out) in enumerate(zip(eqn.outvars, outs)):
+        shape = tuple(var.aval.shape)
+        val = out.val if isinstance(out, Jet) else out
+        parts = [("value", jnp.shape(val), shape)]
+        if isinstance(out, Jet):
+            parts.append(("jac", jnp.shape(out.jac), (d, *shape)))
+            if out.lap is not None:
+                parts.append(("lap", jnp.shape(out.lap), shape))
+        for part, got_shape, want in parts:
+            if tuple(got_shape) != want:
+                raise ValueError(
+                    f"{name} returned result {k} with {part} of shape {got_shape}; "
+                    f"expected {want} (jac is (d, *value.shape), d = {d})"
+                )
+
+
 def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
     """Interpret ``jaxpr`` on inputs that are arrays or :class:`Jet` s."""
     env: dict[Any, Any] = {}
@@ -1032,7 +1088,9 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
     for eqn in jaxpr.eqns:
         ins = [compat.jaxpr_atom_value(a, env) for a in eqn.invars]
         if any(isinstance(x, Jet) for x in ins) and has_float_result(eqn):
-            outs = rule_for(eqn.primitive, _jet_dim(ins))(eqn, ins)
+            rule = rule_for(eqn.primitive, _jet_dim(ins))
+            outs = rule(eqn, ins)
+            _check_outputs(eqn, rule, outs, _jet_dim(ins))
         else:  # nothing depends on r, or only integer/boolean results
             outs = bind(eqn, [_val(x) for x in ins])
         for var, value in zip(eqn.outvars, outs):
@@ -1088,10 +1146,12 @@ def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
         raise ValueError(
             f"r must be a 1-D floating-point array, got shape {r.shape}, dtype {r.dtype}"
         )
-    closed = jax.make_jaxpr(fn)(r)
-    if len(closed.jaxpr.outvars) != 1:
-        raise ValueError(
-            f"fn must return one array, got {len(closed.jaxpr.outvars)} outputs"
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(r)
+    if not isinstance(out_shape, jax.ShapeDtypeStruct):
+        raise TypeError(
+            "fn must return one array, got "
+            f"{jax.tree.structure(out_shape)}; return one array (e.g. a sum, or "
+            "jnp.concatenate of the leaves) or take the Laplacian of each leaf"
         )
     try:
         (out,) = _interpret(closed.jaxpr, list(closed.consts), [Jet(r, basis(r), None)])
