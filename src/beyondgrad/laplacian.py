@@ -295,7 +295,7 @@ def grad_and_laplacian(
         return jax.grad(f)(x), jnp.trace(jax.hessian(f)(x))
     if method == "folx":
         return _folx_grad_and_laplacian(f, x, sparsity_threshold)
-    g, hvp = jax.linearize(jax.grad(f), x)  # hvp(v) = H v, reusing the linearization
+    g, hvp = _linearize_grad(f, x)  # hvp(v) = H v, reusing the linearization
     if method == "loop":
         if x.shape[0] == 0:  # nothing to loop over (and eye[i] cannot be traced)
             return g, jnp.sum(jnp.zeros_like(g))
@@ -312,6 +312,43 @@ def grad_and_laplacian(
     assert num_samples is not None  # set above for "hutchinson"
     probes = hutchinson_probes(_check_key(key, method), x, num_samples)
     return g, jnp.mean(jnp.sum(jax.vmap(hvp)(probes) * probes, axis=-1))
+
+
+def _linearize_grad(
+    f: Callable[[jax.Array], jax.Array], x: jax.Array
+) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
+    """``jax.linearize(jax.grad(f), x)``, with the error on ``while_loop`` made clear.
+
+    Reverse mode cannot differentiate ``lax.while_loop``. JAX 0.12 says so
+    (``ValueError: Reverse-mode differentiation does not work for lax.while_loop``);
+    JAX 0.8.2 instead fails inside its own ``_while_loop_jvp`` (``cond_debug.arg_names``
+    is ``None`` when ``linearize`` re-traces the loop's condition) with ``TypeError:
+    unsupported operand type(s) for +: 'NoneType' and 'tuple'``: a JAX bug, not ours.
+    On that error ``jax.grad`` alone is traced abstractly to get JAX's own clear
+    message; either way the error raised names the method that works.
+    """
+    try:
+        return jax.linearize(jax.grad(f), x)
+    except (TypeError, ValueError) as e:
+        cause: Exception = e
+        if isinstance(e, TypeError):
+            if "NoneType" not in str(e) or "tuple" not in str(e):
+                raise
+            try:
+                jax.eval_shape(jax.grad(f), x)
+            except Exception as clear:  # JAX's reverse-mode message
+                cause = clear
+            else:
+                raise
+        if "Reverse-mode differentiation does not work" not in str(cause):
+            raise
+        first = str(cause).splitlines()[0]
+        raise ValueError(
+            f"{first} The Hessian-vector methods ('loop', 'vmap', 'hutchinson') and "
+            "'hessian' use reverse mode; for a lax.while_loop use "
+            "forward_laplacian.forward_laplacian(f, x), which differentiates it in "
+            "forward mode"
+        ) from e
 
 
 def _folx_grad_and_laplacian(
