@@ -57,7 +57,7 @@ import functools
 import logging
 import warnings
 from collections.abc import Callable
-from typing import Literal, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -422,7 +422,7 @@ def folx_wrong_constructs() -> tuple[str, ...]:
 def _primitive_names(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> set[str]:
     """The names of the primitives in ``f``'s jaxpr at ``x``, nested jaxprs included."""
     names: set[str] = set()
-    todo = [jax.make_jaxpr(f)(x).jaxpr]
+    todo: list[Any] = [jax.make_jaxpr(f)(x).jaxpr]
     while todo:
         jaxpr = todo.pop()
         for eqn in jaxpr.eqns:
