@@ -894,7 +894,70 @@ CASES = [
         ValueError,
         ("return 3 values", "hold 4 electrons", "(4, 3)"),
     ),
+    # fixes (review of issue 26): swapped arguments, dtypes of row_sums, floor's
+    # while_loop error, a plain-jnp log_psi with parameters made for another size
+    Case(
+        "mlp_log_psi-arguments-swapped",
+        lambda: wavefunctions.mlp_log_psi(_walkers(1, 2)[0], _params()),
+        TypeError,
+        ("arguments swapped?", "mlp_log_psi(params, positions)"),
+    ),
+    Case(
+        "slater_laplacian-arguments-swapped",
+        lambda: slater.slater_laplacian(_walkers(1, 4)[0], jnp.tanh),
+        TypeError,
+        ("arguments swapped?", "slater_laplacian(orbitals, positions)"),
+    ),
+    Case(
+        "row_sums-integer-inverse",
+        lambda: slater.row_sums(
+            jnp.eye(3, dtype=jnp.int32), jnp.ones((3, 3, 3)), jnp.ones((3, 3))
+        ),
+        TypeError,
+        ("real floating-point", "b of dtype int32"),
+    ),
+    Case(
+        "row_sums-complex-inverse",
+        lambda: slater.row_sums(
+            jnp.eye(3, dtype=jnp.complex64), jnp.ones((3, 3, 3)), jnp.ones((3, 3))
+        ),
+        TypeError,
+        ("real floating-point", "b of dtype complex64"),
+    ),
+    Case(
+        "laplacian-loop-while_loop",
+        lambda: laplacian.laplacian(_while_sum, X3, method="loop"),
+        ValueError,
+        ("while_loop", "forward_laplacian"),
+    ),
+    Case(
+        "laplacian-vmap-while_loop",
+        lambda: laplacian.laplacian(_while_sum, X3, method="vmap"),
+        ValueError,
+        ("while_loop", "forward_laplacian"),
+    ),
+    Case(
+        "energy_and_grad-own-log_psi-params-for-4-walkers-of-3",
+        lambda: vmc.energy_and_grad(
+            _own_log_psi, {"w": jnp.ones((3, 4))}, _walkers(2, 3)
+        ),
+        ValueError,
+        ("(3, 3)", "3 electrons", "(3, 4)", "another number of electrons"),
+    ),
 ]
+
+
+def _while_sum(v):
+    """A ``lax.while_loop`` (reverse mode cannot differentiate it)."""
+    state = jax.lax.while_loop(
+        lambda s: s[0] < 2, lambda s: (s[0] + 1, s[1] * v), (0, v)
+    )
+    return jnp.sum(state[1])
+
+
+def _own_log_psi(params, positions):
+    """A plain-jnp log_psi that checks nothing itself."""
+    return jnp.linalg.slogdet(jnp.tanh(positions @ params["w"]))[1]
 
 
 def _id(param) -> str:

@@ -28,7 +28,8 @@ generic weights is a real scalar that every output entry enters.
   names folx's error (decided by trying). Measured: folx 0.2.30 with JAX 0.12.0.1
   fails on scan, fori_loop and lax.map (``KeyError: 'num_carry'``), while_loop and the
   custom_vjp; folx 0.2.24 with JAX 0.8.2 fails on the same and also on the integer
-  cases and on "split, pad, add_any", and gives a wrong cumprod (:data:`FOLX_WRONG`).
+  cases and on "split, pad, add_any", and gives wrong cumprod, cholesky and
+  cumlogsumexp (:data:`FOLX_WRONG`).
 * Reverse mode does not apply to ``while_loop``: only ``forward_laplacian`` and
   ``"folx"`` are checked there, against forward over forward mode. Forward mode does
   not apply to ``custom_vjp``: its reference Jacobian is ``jax.jacrev``.
@@ -441,6 +442,14 @@ case("piecewise and cumulative", "test_layers::test_piecewise", 6)(
 )
 # shape-preserving but not elementwise: its Hessian has off-diagonal blocks
 case("cumprod", "test_layers::test_cumprod", 6)(lambda z: jnp.cumprod(jnp.sin(z)))
+# review of issue 26: folx 0.2.24 on JAX 0.8.2 is silently wrong on these two as well
+# (laplacian.FOLX_PROBES: method="folx" warns there)
+case("cholesky", "review 26", 9)(
+    lambda z: jnp.linalg.cholesky(
+        (z.reshape(3, 3) + 3 * jnp.eye(3)) @ (z.reshape(3, 3) + 3 * jnp.eye(3)).T
+    )
+)
+case("cumlogsumexp", "review 26", 6)(lambda z: lax.cumlogsumexp(z, axis=0))
 
 # test_indexing_primitives and test_indexing_with_constants_stays_sparse
 case("indexing", "test_layers::test_indexing_primitives", 6)(
@@ -863,6 +872,8 @@ def error(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> float:
 #: left out
 MEASURED: dict[str, float] = {
     "sum": 0,
+    "cholesky": 8.4e-16,
+    "cumlogsumexp": 4e-16,
     "elementwise": 2.3e-16,
     "elementwise complex": 6.5e-16,
     "elementwise complex abs": 1.6e-15,
@@ -935,6 +946,10 @@ INTERPRETER_DEFECTS: dict[tuple[str, str], str] = {}
 FOLX_WRONG: dict[str, str] = {
     "cumprod": "folx 0.2.24 (with JAX 0.8.2) gives 6.25 where the Hessian trace is "
     "0.026, as if cumprod were elementwise; folx 0.2.30 (JAX 0.12.0.1) is right",
+    "cholesky": "folx 0.2.24 (with JAX 0.8.2) is wrong (review 26: -0.17809 vs "
+    "-0.16061 on sum(log(diag(cholesky))); laplacian.FOLX_PROBES measures it)",
+    "cumlogsumexp": "folx 0.2.24 (with JAX 0.8.2) is wrong (review 26: 5.6e-16 vs "
+    "5.7725 on sum(cumlogsumexp); laplacian.FOLX_PROBES measures it)",
 }
 
 

@@ -2,6 +2,7 @@
 
 import functools
 import gc
+import warnings
 import weakref
 
 import folx
@@ -893,3 +894,42 @@ def test_default_options_are_accepted_by_every_method():
         )
         # float32: measured relative error 0 to 1.2e-7 (exact value 6 * sum(x) = 9)
         np.testing.assert_allclose(float(lap), 9.0, rtol=1e-6)
+
+
+_X9 = jnp.asarray([0.6, -0.3, 0.8, 0.1, 1.2, -0.7, 0.4, 0.9, -0.2], jnp.float32)
+
+
+@pytest.mark.parametrize("name", list(L.FOLX_PROBES))
+def test_method_folx_warns_on_what_the_probe_measured_wrong(name, monkeypatch):
+    """Review of issue 26: folx 0.2.24 on JAX 0.8.2 returns wrong Laplacians on
+    cholesky, cumlogsumexp and cumprod without an error. method="folx" warns, once per
+    construct, exactly when the probe measured the running folx wrong on it; the
+    value it then returns is off the Hessian trace, and right when it does not warn."""
+    monkeypatch.setattr(L, "_FOLX_WARNED", set())
+    probe = L.FOLX_PROBES[name][1]
+    wrong = name in L.folx_wrong_constructs()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = float(L.laplacian(probe, _X9, method="folx"))
+        L.laplacian(probe, _X9, method="folx")  # a second call: no second warning
+    ours = [w for w in seen if issubclass(w.category, L.FolxWrongValueWarning)]
+    assert len(ours) == (1 if wrong else 0)
+    if wrong:
+        message = str(ours[0].message)
+        assert name in message and "method='forward_laplacian'" in message
+    want = float(jnp.trace(jax.hessian(probe)(_X9)))
+    assert (abs(got - want) > 1e-3 * (1 + abs(want))) == wrong
+
+
+@pytest.mark.skipif(
+    jax.__version__ != "0.8.2", reason="the floor env (folx 0.2.24 + JAX 0.8.2) only"
+)
+def test_method_folx_warns_on_cholesky_on_the_floor(monkeypatch):
+    """On the floor folx is measured wrong on all three probes (review 26: cholesky
+    -0.17809 vs -0.16061), so a cholesky-based function warns."""
+    monkeypatch.setattr(L, "_FOLX_WARNED", set())
+    assert set(L.folx_wrong_constructs()) == set(L.FOLX_PROBES)
+    with pytest.warns(L.FolxWrongValueWarning, match="cholesky"):
+        L.laplacian(
+            L.FOLX_PROBES["cholesky (jnp.linalg.cholesky)"][1], _X9, method="folx"
+        )

@@ -700,3 +700,25 @@ def test_single_particle_orbitals_pass_the_check(name):
                 )
             )(params, pos)[2]
             np.testing.assert_allclose(float(traced), float(want), rtol=1e-12)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_orbitals_reducing_over_the_whole_position_are_accepted(n):
+    """Review of issue 26: Slater-type orbitals written for one position with
+    ``jnp.linalg.norm(r)`` (no ``axis=``) meet the contract ``(3,) -> (n,)`` but were
+    refused (n = 3: on a batch they pool). The check calls them on ``(3,)`` positions
+    only; the result is the float64 Hessian trace of log|det| of their rows."""
+    with jax.enable_x64(True):
+
+        def sto(r):
+            k = jnp.arange(n, dtype=r.dtype) / n
+            poly = 1 + r[0] * k + r[1] * k**2 + r[2] * k**3
+            return jnp.exp(-0.8 * jnp.linalg.norm(r)) * poly
+
+        pos = 0.5 * jax.random.normal(jax.random.key(3), (n, 3), jnp.float64)
+        rows = lambda v: jnp.linalg.slogdet(jax.vmap(sto)(v.reshape(n, 3)))[1]  # noqa: E731
+        want = float(jnp.trace(jax.hessian(rows)(pos.reshape(-1))))
+        got = slater.slater_laplacian(sto, pos)[2]
+        jitted = jax.jit(lambda p: slater.slater_laplacian(sto, p)[2])(pos)
+        np.testing.assert_allclose(float(got), want, rtol=1e-10)
+        np.testing.assert_allclose(float(jitted), want, rtol=1e-10)

@@ -20,7 +20,13 @@ number (the last one in expectation):
     folx's forward Laplacian (``folx.forward_laplacian``, Li et al., Nature Machine
     Intelligence 2024): value, gradient and Laplacian propagated together through the
     function in one forward pass. The gradient is read from folx's own output (its
-    Jacobian); no reverse pass is run.
+    Jacobian); no reverse pass is run. Some folx releases return wrong values without
+    an error on some constructs (folx 0.2.24 with JAX 0.8.2: ``jnp.linalg.cholesky``,
+    ``lax.cumlogsumexp``, ``jnp.cumprod``): ``folx_wrong_constructs()`` measures the
+    installed folx on small probes of each, and ``"folx"`` warns
+    (``FolxWrongValueWarning``, once per construct) when ``f`` uses one it got
+    wrong, recommending :func:`~beyondgrad.forward_laplacian.forward_laplacian` or
+    ``"hessian"``.
 ``"hutchinson"``
     the unbiased stochastic estimate :math:`\\frac1S\\sum_s v_s^\\top H v_s` with
     Rademacher probes :math:`v_s` (:math:`E[v v^\\top] = I`). One key gives one set of
@@ -47,8 +53,11 @@ models in :mod:`beyondgrad.wavefunctions` and VMC energies in :mod:`beyondgrad.v
 
 from __future__ import annotations
 
+import functools
+import logging
+import warnings
 from collections.abc import Callable
-from typing import Literal, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -295,7 +304,7 @@ def grad_and_laplacian(
         return jax.grad(f)(x), jnp.trace(jax.hessian(f)(x))
     if method == "folx":
         return _folx_grad_and_laplacian(f, x, sparsity_threshold)
-    g, hvp = jax.linearize(jax.grad(f), x)  # hvp(v) = H v, reusing the linearization
+    g, hvp = _linearize_grad(f, x)  # hvp(v) = H v, reusing the linearization
     if method == "loop":
         if x.shape[0] == 0:  # nothing to loop over (and eye[i] cannot be traced)
             return g, jnp.sum(jnp.zeros_like(g))
@@ -314,6 +323,140 @@ def grad_and_laplacian(
     return g, jnp.mean(jnp.sum(jax.vmap(hvp)(probes) * probes, axis=-1))
 
 
+def _linearize_grad(
+    f: Callable[[jax.Array], jax.Array], x: jax.Array
+) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
+    """``jax.linearize(jax.grad(f), x)``, with the error on ``while_loop`` made clear.
+
+    Reverse mode cannot differentiate ``lax.while_loop``. JAX 0.12 says so
+    (``ValueError: Reverse-mode differentiation does not work for lax.while_loop``);
+    JAX 0.8.2 instead fails inside its own ``_while_loop_jvp`` (``cond_debug.arg_names``
+    is ``None`` when ``linearize`` re-traces the loop's condition) with ``TypeError:
+    unsupported operand type(s) for +: 'NoneType' and 'tuple'``: a JAX bug, not ours.
+    On that error ``jax.grad`` alone is traced abstractly to get JAX's own clear
+    message; either way the error raised names the method that works.
+    """
+    try:
+        return jax.linearize(jax.grad(f), x)
+    except (TypeError, ValueError) as e:
+        cause: Exception = e
+        if isinstance(e, TypeError):
+            if "NoneType" not in str(e) or "tuple" not in str(e):
+                raise
+            try:
+                jax.eval_shape(jax.grad(f), x)
+            except Exception as clear:  # JAX's reverse-mode message
+                cause = clear
+            else:
+                raise
+        if "Reverse-mode differentiation does not work" not in str(cause):
+            raise
+        first = str(cause).splitlines()[0]
+        raise ValueError(
+            f"{first} The Hessian-vector methods ('loop', 'vmap', 'hutchinson') and "
+            "'hessian' use reverse mode; for a lax.while_loop use "
+            "forward_laplacian.forward_laplacian(f, x), which differentiates it in "
+            "forward mode"
+        ) from e
+
+
+class FolxWrongValueWarning(UserWarning):
+    """``method="folx"`` on a function with a construct the running folx gets wrong."""
+
+
+def _folx_matrix(v: jax.Array) -> jax.Array:
+    m = v[:9].reshape(3, 3) + 3 * jnp.eye(3, dtype=v.dtype)
+    return m @ m.T + jnp.eye(3, dtype=v.dtype)
+
+
+#: constructs on which folx has been seen to return wrong values without an error
+#: (folx 0.2.24 with JAX 0.8.2): name -> (the primitive in f's jaxpr, a probe of it)
+FOLX_PROBES: dict[str, tuple[str, Callable[[jax.Array], jax.Array]]] = {
+    "cholesky (jnp.linalg.cholesky)": (
+        "cholesky",
+        lambda v: jnp.sum(jnp.log(jnp.diagonal(jnp.linalg.cholesky(_folx_matrix(v))))),
+    ),
+    "lax.cumlogsumexp": ("cumlogsumexp", lambda v: jnp.sum(lax.cumlogsumexp(v))),
+    "jnp.cumprod": ("cumprod", lambda v: jnp.sum(jnp.cumprod(1 + v / 10))),
+}
+
+_FOLX_WARNED: set[str] = set()
+
+
+@functools.cache
+def folx_wrong_constructs() -> tuple[str, ...]:
+    """The constructs of :data:`FOLX_PROBES` on which the installed folx, on the running
+    JAX, gives a wrong Laplacian (measured, not read from version numbers).
+
+    Each probe (9 inputs, float32) is run through ``folx.forward_laplacian`` and compared
+    with ``trace(jax.hessian(probe))``; wrong means off by more than
+    ``1e-3 * (1 + |reference|)``. A probe on which folx raises is not listed (an error
+    is not a silent wrong value). ``()`` without folx. Measured: folx 0.2.24 + JAX 0.8.2
+    is wrong on all three, folx 0.2.30 + JAX 0.12.0.1 on none.
+    """
+    before = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)  # folx logs on the root logger
+    try:
+        try:
+            import folx
+        except ImportError:
+            return ()
+        wrong = []
+        with jax.ensure_compile_time_eval():  # concrete, even inside a jit trace
+            x = jnp.asarray(
+                [0.6, -0.3, 0.8, 0.1, 1.2, -0.7, 0.4, 0.9, -0.2], jnp.float32
+            )
+            for name, (_, probe) in FOLX_PROBES.items():
+                try:
+                    got = float(folx.forward_laplacian(probe)(x).laplacian)
+                except Exception:  # folx raises: loud, not silently wrong
+                    continue
+                want = float(jnp.trace(jax.hessian(probe)(x)))
+                if not abs(got - want) <= 1e-3 * (1 + abs(want)):
+                    wrong.append(name)
+        return tuple(wrong)
+    finally:
+        logging.disable(before)
+
+
+def _primitive_names(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> set[str]:
+    """The names of the primitives in ``f``'s jaxpr at ``x``, nested jaxprs included."""
+    names: set[str] = set()
+    todo: list[Any] = [jax.make_jaxpr(f)(x).jaxpr]
+    while todo:
+        jaxpr = todo.pop()
+        for eqn in jaxpr.eqns:
+            names.add(eqn.primitive.name)
+            for value in eqn.params.values():
+                for item in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(item, "jaxpr", item)
+                    if hasattr(inner, "eqns"):
+                        todo.append(inner)
+    return names
+
+
+def _warn_if_folx_is_wrong(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> None:
+    """Warn (once per construct) when ``f`` uses a construct the running folx gets wrong."""
+    wrong = [name for name in folx_wrong_constructs() if name not in _FOLX_WARNED]
+    if not wrong:
+        return
+    try:
+        used = _primitive_names(f, x)
+    except Exception:  # f fails to trace: folx will say so itself
+        return
+    for name in wrong:
+        if FOLX_PROBES[name][0] in used:
+            _FOLX_WARNED.add(name)
+            warnings.warn(
+                f"method='folx': the installed folx gives wrong Laplacians on {name} "
+                "with this JAX (measured on a probe, no error raised), and this "
+                "function uses it; use method='forward_laplacian' "
+                "(forward_laplacian.forward_laplacian) or method='hessian'",
+                FolxWrongValueWarning,
+                stacklevel=4,
+            )
+
+
 def _folx_grad_and_laplacian(
     f: Callable[[jax.Array], jax.Array], x: jax.Array, sparsity_threshold: float | None
 ) -> tuple[jax.Array, jax.Array]:
@@ -330,6 +473,7 @@ def _folx_grad_and_laplacian(
         )
     import folx  # optional dependency (the 'chapters' extra)
 
+    _warn_if_folx_is_wrong(f, x)
     out = folx.forward_laplacian(f, sparsity_threshold=threshold)(x)
     if not hasattr(out, "laplacian"):
         # folx returns a plain array when f's output does not depend on x: its

@@ -5,7 +5,23 @@ Conventions
 -----------
 * ``positions`` are ``(n, 3)``: electron ``i`` sits at ``positions[i]``.
 * ``orbitals(r)`` maps one position ``r`` of shape ``(3,)`` to the ``n`` single-particle
-  orbital values :math:`(\varphi_1(r),\dots,\varphi_n(r))`.
+  orbital values :math:`(\varphi_1(r),\dots,\varphi_n(r))`. That is the whole
+  contract: ``orbitals`` is only ever used on one ``(3,)`` position (``jax.vmap``-ed
+  over the electrons), so what it would do on a batch of positions does not matter
+  (``jnp.linalg.norm(r)`` without ``axis=`` is fine).
+* The check, and its limit. Orbitals that read several electrons break the row
+  formula. Refused with a ``ValueError``: functions that fail on one ``(3,)`` position
+  or return another shape than ``(n,)``, and networks written for any number of
+  electrons (they turn the ``(3,)`` position into a ``(1, 3)`` batch of one, e.g.
+  ``x.reshape(-1, 3)`` or ``jnp.atleast_2d(x)``) whose rows, on a few probe positions
+  given at once, pool over the electrons or differ from the rows computed one electron
+  at a time. Not detectable, and not detected: orbitals that *close over* the walker
+  positions (``make_orbitals(positions)``, e.g. orbitals around the electrons'
+  centroid, a mean field or backflow written that way). Each call then sees one
+  ``(3,)`` position and the row formula silently differentiates only the explicit
+  ``r`` dependence, not that through the closure: a wrong Laplacian. Such
+  wavefunctions need the Laplacian of the whole log|ψ| (``laplacian`` or
+  :func:`~beyondgrad.forward_laplacian.forward_laplacian`).
 * The Slater matrix is :math:`A_{ij}=\varphi_j(r_i)` and :math:`\psi=\det A`; we only
   ever form :math:`\log|\psi|` (``jnp.linalg.slogdet`` or one LU factorisation).
 
@@ -163,6 +179,15 @@ def _probe_positions(m: int, dtype: Any) -> jax.Array:
     return jnp.asarray(0.3 * np.sin(1.7 * grid + 0.4) + 0.1 * grid, dtype)
 
 
+def _orbitals_first(orbitals: Any, positions: Any, name: str) -> None:
+    """Refuse ``name(positions, orbitals)``: the arguments in the wrong order."""
+    if callable(positions) and not callable(orbitals):
+        raise TypeError(
+            f"{name} got a {type(orbitals).__name__} as orbitals and a function as "
+            f"positions: arguments swapped? The order is {name}(orbitals, positions)"
+        )
+
+
 def _check_orbitals(
     orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
 ) -> None:
@@ -171,8 +196,9 @@ def _check_orbitals(
 
     1. ``orbitals`` on one ``(3,)`` position must give ``(n,)`` real floating-point
        values (abstract evaluation, no FLOPs).
-    2. A network written for all electrons often also runs on a batch of ``m``
-       positions: it either returns ``(n,)`` values for any ``m`` (it pools over the
+    2. Only when ``orbitals`` turns the ``(3,)`` position into a ``(1, 3)`` batch of
+       one (:func:`_treats_position_as_batch`: a network written for any number of
+       electrons), it is also run on a batch of ``m`` positions: it either returns ``(n,)`` values for any ``m`` (it pools over the
        electrons it is given: refused), or ``m * n`` values (``(m, n)`` rows, or the
        same flattened or transposed). Those are compared with the rows computed one
        electron at a time, on ``m`` fixed probe positions; if they differ, row ``i``
@@ -239,6 +265,8 @@ def _check_one_electron(
     by fixed generic stand-ins of the same shape and dtype, which is enough to see
     whether rows mix.
     """
+    if not _treats_position_as_batch(orbitals, dtype):
+        return  # never called on a batch: only (3,) -> (n,) is the contract
     m = _probe_size(n)
     shapes = []
     for size in (m, m + 1):
@@ -277,6 +305,47 @@ def _check_one_electron(
             f"{scale:.3g}), so each orbital depends on every electron and the row "
             f"formula would give a wrong Laplacian. {_all_electrons_hint()}"
         )
+
+
+def _sub_jaxprs(params: dict[str, Any]) -> list[Any]:
+    """The jaxprs in an equation's parameters (``pjit``, ``scan``, ``cond``, ...)."""
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            inner = getattr(item, "jaxpr", item)  # ClosedJaxpr -> Jaxpr
+            if hasattr(inner, "eqns"):
+                found.append(inner)
+    return found
+
+
+def _treats_position_as_batch(
+    orbitals: Callable[[jax.Array], jax.Array], dtype: Any
+) -> bool:
+    """Whether ``orbitals``, traced on one ``(3,)`` position, makes it a batch of one.
+
+    An orbital network written for any number of electrons (``x.reshape(-1, 3)``,
+    ``jnp.atleast_2d(x)``) turns the ``(3,)`` position into a ``(1, 3)`` array; only
+    such a function is also run on ``m`` positions by :func:`_check_one_electron`
+    (within its own contract). A function that never does this is used only as
+    ``(3,) -> (n,)`` (the documented contract), whatever it would do on a batch: e.g.
+    ``jnp.linalg.norm(r)`` without ``axis=`` is fine. Decided on the jaxpr (no FLOPs),
+    nested jaxprs included; when it cannot be traced here, ``True`` (the batch probe
+    then decides, as before).
+    """
+    try:
+        closed = jax.make_jaxpr(orbitals)(jax.ShapeDtypeStruct((3,), dtype))
+    except Exception:
+        return True
+    todo = [closed.jaxpr]
+    while todo:
+        jaxpr = todo.pop()
+        for eqn in jaxpr.eqns:
+            ins = {tuple(getattr(v.aval, "shape", ())) for v in eqn.invars}
+            outs = {tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars}
+            if (3,) in ins and (1, 3) in outs:
+                return True
+            todo.extend(_sub_jaxprs(eqn.params))
+    return False
 
 
 def _stand_in(value: Any, k: int) -> jax.Array:
@@ -325,6 +394,7 @@ def slater_matrix(
     orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
 ) -> jax.Array:
     """The Slater matrix :math:`A_{ij}=\\varphi_j(r_i)`, shape ``(n, n)``."""
+    _orbitals_first(orbitals, positions, "slater_matrix")
     positions = check_positions(positions)
     _check_orbitals(orbitals, positions)
     return jax.vmap(orbitals)(positions)
@@ -347,6 +417,7 @@ def orbital_derivatives(
     electron, orbital (:func:`orbital_jets` is the same with the gradient as
     ``(n, 3, n)``, the layout :func:`slater_laplacian` contracts).
     """
+    _orbitals_first(orbitals, positions, "orbital_derivatives")
     phi, dphi, lphi = orbital_jets(orbitals, positions)
     return phi, jnp.moveaxis(dphi, 1, -1), lphi
 
@@ -361,6 +432,7 @@ def orbital_jets(
     of the orbitals' operations runs once on all electrons together (a matrix product
     of the orbitals becomes one batched product, not ``n`` small ones).
     """
+    _orbitals_first(orbitals, positions, "orbital_jets")
     positions = check_positions(positions)
     _check_orbitals(orbitals, positions)
     jet = jax.vmap(lambda r: forward_jet(orbitals, r))(positions)
@@ -376,6 +448,7 @@ def orbital_derivatives_fwdfwd(
     each direction :math:`e_k`, ``jax.jvp`` of ``jax.jvp`` gives the first and second
     directional derivatives; the three second derivatives are summed at the end.
     """
+    _orbitals_first(orbitals, positions, "orbital_derivatives_fwdfwd")
     positions = check_positions(positions)
     _check_orbitals(orbitals, positions)
 
@@ -433,6 +506,14 @@ def row_sums(
             "expected shapes (n, n), (n, 3, n), (n, n) (the inverse and orbital_jets' "
             f"derivatives), got {b.shape}, {dphi.shape}, {lphi.shape}"
         )
+    for label, a in (("b", b), ("dphi", dphi), ("lphi", lphi)):
+        if not jnp.issubdtype(jnp.result_type(a), jnp.floating):
+            raise TypeError(
+                f"row_sums needs real floating-point arrays, got {label} of dtype "
+                f"{jnp.result_type(a)} (cast with .astype(jnp.float32); complex "
+                "orbitals are not supported: use their real and imaginary parts as "
+                "separate real orbitals)"
+            )
     grad = jnp.einsum("ji,idj->id", b, dphi)
     lap = jnp.einsum("ji,ij->", b, lphi) - jnp.sum(grad * grad)
     return grad, lap
@@ -453,12 +534,20 @@ def slater_laplacian(
     hand-written derivatives are needed.
 
     Shapes: scalar, ``(n, 3)``, scalar. Only valid when each orbital depends on one
-    electron: orbitals of all electrons at once (as in FermiNet) are rejected with a
-    ``ValueError`` (the check evaluates ``orbitals`` abstractly on one ``(3,)``
-    position, and compares rows computed together and alone); for those take the
-    Laplacian of the whole log|ψ| with ``laplacian.grad_and_laplacian`` or
+    electron. Rejected with a ``ValueError``: orbitals that fail on one ``(3,)``
+    position or do not return ``(n,)`` (a FermiNet-like network written for ``(n, 3)``
+    positions only), and networks written for any number of electrons (they make the
+    ``(3,)`` position a ``(1, 3)`` batch, e.g. ``x.reshape(-1, 3)``) whose rows, given
+    a few probe positions at once, pool over electrons or differ from the rows computed
+    one at a time. Not detected (the limit of any check that sees ``orbitals`` on one
+    position at a time): orbitals that close over the walker positions, e.g.
+    ``slater_laplacian(make_orbitals(positions), positions)`` with orbitals around the
+    electrons' centroid; the result is then silently wrong (it misses the dependence
+    through the closure). For all of these take the Laplacian of the whole log|ψ| with
+    ``laplacian.grad_and_laplacian`` or
     :func:`~beyondgrad.forward_laplacian.forward_laplacian`.
     """
+    _orbitals_first(orbitals, positions, "slater_laplacian")
     phi, dphi, lphi = orbital_jets(orbitals, positions)
     logdet, b = logdet_and_inverse(phi)
     grad, lap = row_sums(b, dphi, lphi)

@@ -32,8 +32,11 @@ The wavefunction contract
   functions here batch over walkers themselves (``jax.vmap``); ``log_psi`` never sees
   the batch axis. :func:`beyondgrad.wavefunctions.mlp_log_psi` is one.
 * ``walkers`` are ``(B, n, 3)`` floating-point arrays; ``params`` are floating-point
-  wherever a gradient is taken. Sizes are checked before any computation, and a
-  mismatch (walkers of 3 electrons, parameters made for 4) is reported with both sizes.
+  wherever a gradient is taken. Sizes are checked before any computation (``log_psi``
+  is traced abstractly on one walker), and a mismatch (walkers of 3 electrons,
+  parameters made for 4) is reported with both sizes: the walkers' electron count and,
+  for any ``log_psi``, the shapes of the parameters' arrays (``mlp_log_psi`` names the
+  electron count the parameters were made for).
 * Keys are JAX PRNG keys. With ``method="hutchinson"`` walker ``b`` of the (global)
   batch gets the probes of ``fold_in(key, b)`` (:func:`walker_keys`), so the noise
   averages over the batch and a sharded run draws the probes of the single-device run.
@@ -148,11 +151,28 @@ def _check_wavefunction(
 ) -> None:
     """Evaluate ``log_psi`` abstractly on one configuration: it must give a real scalar.
 
-    Traces ``log_psi`` once (no FLOPs); errors of ``log_psi`` itself (e.g. parameters
-    made for another number of electrons) propagate unchanged.
+    Traces ``log_psi`` once (no FLOPs). A shape or type error raised while tracing
+    (e.g. parameters made for 4 electrons and walkers of 3: JAX's own message from
+    deep inside ``log_psi``) is raised again, of the same type, naming both sizes: the
+    walkers' configuration shape and the shapes of the parameters' arrays. Errors that
+    already name the electron counts (those of
+    :func:`~beyondgrad.wavefunctions.mlp_log_psi`) propagate unchanged.
     """
     x = jax.ShapeDtypeStruct(positions.shape, positions.dtype)
-    out = jax.eval_shape(log_psi, params, x)
+    try:
+        out = jax.eval_shape(log_psi, params, x)
+    except (ValueError, TypeError) as e:
+        if "electrons" in str(e):
+            raise
+        shapes = jax.tree.map(lambda a: tuple(jnp.shape(a)), params)
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise type(e)(
+            f"log_psi(params, positions) failed on one walker of shape "
+            f"{tuple(positions.shape)} ({positions.shape[0]} electrons) with "
+            f"parameters of shapes {shapes}: {type(e).__name__}: {first} -- were the "
+            f"parameters made for another number of electrons than the walkers' "
+            f"{positions.shape[0]}?"
+        ) from e
     shape = getattr(out, "shape", None)
     if shape != ():
         got = shape if shape is not None else type(out).__name__
@@ -459,6 +479,7 @@ def _step(
     ) -> tuple[jax.Array, Params]:
         first = 0 if axis_name is None else jax.lax.axis_index(axis_name) * local
         n = walkers.shape[0] if count is None else count
+        _check_wavefunction(get_log_psi(), params, walkers[0])  # at trace time only
         return _batch_energy_and_grad(
             get_log_psi(),
             params,

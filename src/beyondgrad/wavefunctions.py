@@ -36,6 +36,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from beyondgrad.laplacian import check_key
 from beyondgrad.slater import check_positions, logdet_and_inverse, slater_log_psi
@@ -293,6 +294,14 @@ def mlp_log_psi(params: Params, positions: jax.Array) -> jax.Array:
             electrons than ``params`` was made for (both numbers are named).
         TypeError: integer positions or parameters.
     """
+    if isinstance(params, (jax.Array, np.ndarray)) and not isinstance(
+        positions, (jax.Array, np.ndarray)
+    ):
+        raise TypeError(
+            f"mlp_log_psi got an array of shape {jnp.shape(params)} as params and a "
+            f"{type(positions).__name__} as positions: arguments swapped? The order "
+            "is mlp_log_psi(params, positions)"
+        )
     positions = check_positions(positions)
     _check_mlp_params(params, positions.shape[0])
     return slater_log_psi(functools.partial(mlp_orbitals, params), positions)
