@@ -43,6 +43,20 @@ computation), ``LU+inverse`` (``slater.logdet_and_inverse`` on the batch of Slat
 matrices) and ``row sums`` (``slater.row_sums`` given A⁻¹ and the derivatives). Their
 sum is the time the method would take if nothing else cost anything.
 
+Lower bounds (``bounds`` in the record, one per family and n; issue 26 item 5 asks
+why a target is missed): ``orbital values`` (``jax.vmap(orbitals)`` over the electrons
+of every walker, the Slater matrices and nothing else) and ``LU+inverse`` alone, each
+as a multiple of folx-best, and their sum. Any method that computes the orbitals and
+factorises A once costs at least that sum; where it is above 0.5, the ``x folx`` target
+is out of reach of every such method on this machine (``folx_target_reachable``).
+Beside them the rate each part reaches (GFLOP/s: XLA's flops over the minimum time;
+for ``LU+inverse``, whose LAPACK calls XLA does not count, the nominal
+:math:`\tfrac{8}{3}n^3` per matrix: :math:`\tfrac{2}{3}n^3` for the LU, :math:`n^3`
+for each of the two triangular solves against the identity) and the hardware rate: a
+plain float32 GEMM ``(batch·5n, 2n) @ (2n, 2n)`` (one layer of the MLP orbitals with
+the value, 3 gradient rows and the Laplacian stacked) and a batched one, ``batch`` ×
+``(n, n) @ (n, n)`` (the size of the inverse), timed in the same interleaved repeats.
+
 ``flops`` is XLA's cost analysis of the compiled program
 (``jax.jit(f).lower(...).compile().cost_analysis()["flops"]``). The **floor** is the
 sum of the flops of the three parts compiled alone. XLA's cost analysis does not count
@@ -129,6 +143,12 @@ TARGETS = {
 }
 #: the parts of slater_laplacian, timed alone (see part_calls)
 PARTS = ("orbitals", "LU+inverse", "row sums")
+#: timed beside the parts for the lower bounds (see bound_calls)
+BOUND_CALLS = (
+    "orbital values",
+    "GEMM (batch*5n, 2n)x(2n, 2n)",
+    "GEMM batch x (n, n)x(n, n)",
+)
 
 
 # --------------------------------------------------------------------------- orbital families
@@ -297,6 +317,43 @@ def part_calls(
     )
 
 
+def bound_calls(
+    family: str, params: dict, walkers: jax.Array
+) -> dict[str, tuple[Callable, tuple, float]]:
+    """What the lower bounds time: ``{name: (jitted function, arguments, flops)}`` for
+    the names of :data:`BOUND_CALLS` (the orbital values alone, and two plain float32
+    GEMMs of the problem's size: the hardware rate); ``flops`` is the nominal count."""
+    orbitals = FAMILIES[family][1]
+    batch, n = walkers.shape[0], walkers.shape[1]
+    values = jax.jit(
+        jax.vmap(
+            lambda p, pos: jax.vmap(functools.partial(orbitals, p))(pos),
+            in_axes=(None, 0),
+        )
+    )
+    key = jax.random.key(0)
+    a = jax.random.normal(key, (batch * 5 * n, 2 * n), jnp.float32)
+    b = jax.random.normal(key, (2 * n, 2 * n), jnp.float32)
+    c = jax.random.normal(key, (batch, n, n), jnp.float32)
+    gemm = jax.jit(jnp.matmul)
+    return dict(
+        zip(
+            BOUND_CALLS,
+            [
+                (values, (params, walkers), flops(values, params, walkers) or 0.0),
+                (gemm, (a, b), 2.0 * a.shape[0] * a.shape[1] * b.shape[1]),
+                (gemm, (c, c), 2.0 * batch * n**3),
+            ],
+        )
+    )
+
+
+def lu_inverse_flops(batch: int, n: int) -> float:
+    """Nominal flops of ``logdet_and_inverse`` on ``batch`` matrices ``(n, n)``: the LU
+    (2n³/3) and two triangular solves against the identity (n³ each)."""
+    return batch * (2 / 3 + 2) * n**3
+
+
 def flops(fn: Callable, *args) -> float | None:
     """XLA's cost analysis of ``jax.jit(fn)`` on ``args``: flops (``None`` if not reported)."""
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
@@ -372,10 +429,11 @@ def run(
     steps: int,
     budget_s: float,
     skip_methods: tuple[str, ...] = (),
-) -> tuple[list[dict], list[dict], dict]:
-    """``(rows, parts, extra)``: one row per method, one per part of ``slater_laplacian``
-    (family, n, part, times, flops, temp_bytes) and the float32 bounds per problem."""
-    rows, parts, extra = [], [], {}
+) -> tuple[list[dict], list[dict], list[dict], dict]:
+    """``(rows, parts, bounds, extra)``: one row per method, one per part of
+    ``slater_laplacian`` (family, n, part, times, flops, temp_bytes, GFLOP/s), the lower
+    bounds per problem (:func:`lower_bound`) and the float32 bounds per problem."""
+    rows, parts, bounds, extra = [], [], [], {}
     for family in families:
         too_slow: set[str] = set(skip_methods)
         for n in sizes:
@@ -393,9 +451,13 @@ def run(
                 {k: jax.jit(jax.vmap(f, in_axes=(None, 0))) for k, f in fns.items()}
             )
             pieces = part_calls(family, params, walkers)
+            extras = bound_calls(family, params, walkers)
             calls = [(f, (params, walkers)) for f in jitted.values()]
-            timings = measure.time_calls(calls + list(pieces.values()), repeats=repeats)
-            t = dict(zip([*jitted, *pieces], timings))
+            timings = measure.time_calls(
+                calls + list(pieces.values()) + [(f, a) for f, a, _ in extras.values()],
+                repeats=repeats,
+            )
+            t = dict(zip([*jitted, *pieces, *extras], timings))
             folx_best = min(t[k].min for k in jitted if k.startswith("folx("))
             for name, f in jitted.items():
                 err = (
@@ -420,6 +482,10 @@ def run(
                 if t[name].median * repeats > budget_s:
                     too_slow.add(name)
             for name, (f, args) in pieces.items():
+                part_flops = flops(f, *args)
+                rate_flops = (
+                    lu_inverse_flops(batch, n) if name == "LU+inverse" else part_flops
+                )
                 parts.append(
                     {
                         "family": family,
@@ -428,9 +494,18 @@ def run(
                         "min_ms": 1e3 * t[name].min,
                         "median_ms": 1e3 * t[name].median,
                         "temp_bytes": measure.temp_bytes(f, *args),
-                        "flops": flops(f, *args),
+                        "flops": part_flops,
+                        "gflop_per_s": (rate_flops or 0.0) / t[name].min / 1e9,
                     }
                 )
+            bounds.append(
+                lower_bound(
+                    family, n, t, folx_best, {k: v[2] for k, v in extras.items()}
+                )
+            )
+            bounds[-1]["gflop_per_s"].update(
+                {p["part"]: p["gflop_per_s"] for p in parts[-len(pieces) :]}
+            )
             extra[family, n] = {
                 "acceptance": acceptance,
                 **problem_stats(family, n, params, walkers, ref),
@@ -440,7 +515,66 @@ def run(
                 file=sys.stderr,
                 flush=True,
             )
-    return rows, parts, extra
+    return rows, parts, bounds, extra
+
+
+def lower_bound(
+    family: str, n: int, t: dict, folx_best: float, nominal: dict[str, float]
+) -> dict:
+    """The lower bounds of one problem (module docstring): ``t`` maps every timed call to
+    its :class:`~beyondgrad.measure.Timing`, ``nominal`` the flops of :data:`BOUND_CALLS`."""
+    values, lu = t["orbital values"].min, t["LU+inverse"].min
+    bound = (values + lu) / folx_best
+    return {
+        "family": family,
+        "n": n,
+        "folx_best_ms": 1e3 * folx_best,
+        "values_ms": 1e3 * values,
+        "lu_inverse_ms": 1e3 * lu,
+        "log_psi_ms": 1e3 * t["log|psi|"].min,
+        "values_x_folx": values / folx_best,
+        "lu_inverse_x_folx": lu / folx_best,
+        "log_psi_x_folx": t["log|psi|"].min / folx_best,
+        "bound_x_folx": bound,
+        "folx_target_reachable": bound <= TARGETS["ratio_folx_best"],
+        "gflop_per_s": {
+            "orbital values": nominal["orbital values"] / values / 1e9,
+        },
+        "hardware_gflop_per_s": {
+            k: nominal[k] / t[k].min / 1e9 for k in BOUND_CALLS[1:]
+        },
+    }
+
+
+def print_bounds(bounds: list[dict]) -> None:
+    """The lower bounds (module docstring), one line per family and n."""
+    if not bounds:
+        return
+    limit = TARGETS["ratio_folx_best"]
+    print(
+        "\nlower bounds, as multiples of folx-best: the orbital values alone, one "
+        f"LU+inverse alone, their sum (above {limit:g}: the x folx target is out of "
+        "reach of any method that computes the orbitals and one LU); rates in GFLOP/s"
+    )
+    print(
+        f"{'family':<11} {'n':>3} {'folx ms':>8} {'values':>7} {'LU+inv':>7} "
+        f"{'sum':>6} {'log|psi|':>8}  {'reachable':>9}  rates (values, orbitals, "
+        "LU+inverse, row sums | GEMMs)"
+    )
+    for b in bounds:
+        rates = b["gflop_per_s"]
+        hw = b["hardware_gflop_per_s"]
+        print(
+            f"{b['family']:<11} {b['n']:>3} {b['folx_best_ms']:>8.3f} "
+            f"{b['values_x_folx']:>7.2f} {b['lu_inverse_x_folx']:>7.2f} "
+            f"{b['bound_x_folx']:>6.2f} {b['log_psi_x_folx']:>8.2f}  "
+            f"{'yes' if b['folx_target_reachable'] else 'no':>9}  "
+            + ", ".join(
+                f"{rates.get(k, float('nan')):.1f}" for k in ("orbital values", *PARTS)
+            )
+            + " | "
+            + ", ".join(f"{v:.1f}" for v in hw.values())
+        )
 
 
 # --------------------------------------------------------------------------- reporting
@@ -634,7 +768,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0]
     budget = args.budget if args.budget is not None else (0.5 if args.quick else 4.0)
-    rows, parts, extra = run(families, sizes, args.batch, repeats, steps, budget, skip)
+    rows, parts, bounds, extra = run(
+        families, sizes, args.batch, repeats, steps, budget, skip
+    )
     duration = time.perf_counter() - t0
     print_table(rows)
     print(
@@ -649,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     checks = check_targets(rows, parts)
     print_targets(checks)
+    print_bounds(bounds)
     print(f"\ntotal {duration:.0f} s")
     if args.record:
         command = "python benchmarks/laplacian.py " + " ".join(
@@ -673,6 +810,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows": rows,
             "parts": parts,
             "target_checks": checks,
+            "bounds": bounds,
             "problems": list(extra.values()),
         }
         RECORD.write_text(json.dumps(record, indent=1) + "\n")

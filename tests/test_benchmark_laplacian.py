@@ -96,6 +96,19 @@ def test_benchmark_run_rows_and_record(bench, tmp_path, monkeypatch, capsys):
     assert [p["part"] for p in parts] == list(bench.PARTS)
     assert all(p["min_ms"] > 0 and p["flops"] > 0 for p in parts)
     assert record["target_checks"] == []  # targets are stated at n = 32 and 64 only
+    assert all(p["gflop_per_s"] > 0 for p in parts)
+    # the lower bounds: orbital values and one LU+inverse alone, against folx-best
+    (bound,) = record["bounds"]
+    assert (bound["family"], bound["n"]) == ("pw-jastrow", 3)
+    assert bound["bound_x_folx"] == pytest.approx(
+        bound["values_x_folx"] + bound["lu_inverse_x_folx"]
+    )
+    assert bound["folx_target_reachable"] == (
+        bound["bound_x_folx"] <= bench.TARGETS["ratio_folx_best"]
+    )
+    assert set(bound["hardware_gflop_per_s"]) == set(bench.BOUND_CALLS[1:])
+    assert all(v > 0 for v in bound["hardware_gflop_per_s"].values())
+    assert set(bound["gflop_per_s"]) == {"orbital values", *bench.PARTS}
     assert {r["method"] for r in rows} == {
         "log|psi|",
         *bench.method_fns("pw-jastrow", 3),
@@ -122,6 +135,7 @@ def test_benchmark_run_rows_and_record(bench, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "targets are stated at n = 32 and 64" in out
     assert "float32 floor" in out
+    assert "lower bounds, as multiples of folx-best" in out
 
 
 def test_hutchinson_row_error_is_the_statistical_error(bench):

@@ -548,7 +548,11 @@ def slater_laplacian(
     :func:`~beyondgrad.forward_laplacian.forward_laplacian`.
     """
     _orbitals_first(orbitals, positions, "slater_laplacian")
-    phi, dphi, lphi = orbital_jets(orbitals, positions)
+    # The barrier makes XLA compute the three arrays once, as orbital_jets alone does.
+    # Without it, XLA fuses the elementwise producers of the derivatives into each of
+    # the row sums that read them and computes them again there: on the benchmark's
+    # Gaussian-type orbitals, 1.8 times the flops of the parts (issue 26, item 5).
+    phi, dphi, lphi = jax.lax.optimization_barrier(orbital_jets(orbitals, positions))
     logdet, b = logdet_and_inverse(phi)
     grad, lap = row_sums(b, dphi, lphi)
     return logdet, grad, lap
