@@ -105,17 +105,9 @@ def test_primitives_named_differently_across_versions_are_found_through_compat()
 
 
 def _primitives(jaxpr, found):
-    """Every primitive in ``jaxpr`` and its sub-jaxprs (recursively) with a floating-point
-    result (integer and boolean results need no rule: they carry no derivative)."""
-    inner = getattr(jaxpr, "jaxpr", jaxpr)
-    for eqn in inner.eqns:
-        if fl.has_float_result(eqn):
-            found.add(eqn.primitive)
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else [value]:
-                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
-                    _primitives(sub, found)
-    return found
+    """Every primitive in ``jaxpr`` and its sub-jaxprs with a floating-point result
+    (integer and boolean results need no rule: they carry no derivative)."""
+    return rule_coverage.primitives(jaxpr, found)
 
 
 def _module(name):
