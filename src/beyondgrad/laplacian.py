@@ -26,7 +26,7 @@ number (the last one in expectation):
     installed folx on small probes of each, and ``"folx"`` warns
     (``FolxWrongValueWarning``, once per construct) when ``f`` uses one it got
     wrong, recommending :func:`~beyondgrad.forward_laplacian.forward_laplacian` or
-    ``"hessian"``.
+    ``method="hessian"``.
 ``"hutchinson"``
     the unbiased stochastic estimate :math:`\\frac1S\\sum_s v_s^\\top H v_s` with
     Rademacher probes :math:`v_s` (:math:`E[v v^\\top] = I`). One key gives one set of
@@ -419,29 +419,13 @@ def folx_wrong_constructs() -> tuple[str, ...]:
         logging.disable(before)
 
 
-def _primitive_names(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> set[str]:
-    """The names of the primitives in ``f``'s jaxpr at ``x``, nested jaxprs included."""
-    names: set[str] = set()
-    todo: list[Any] = [jax.make_jaxpr(f)(x).jaxpr]
-    while todo:
-        jaxpr = todo.pop()
-        for eqn in jaxpr.eqns:
-            names.add(eqn.primitive.name)
-            for value in eqn.params.values():
-                for item in value if isinstance(value, (tuple, list)) else (value,):
-                    inner = getattr(item, "jaxpr", item)
-                    if hasattr(inner, "eqns"):
-                        todo.append(inner)
-    return names
-
-
 def _warn_if_folx_is_wrong(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> None:
     """Warn (once per construct) when ``f`` uses a construct the running folx gets wrong."""
     wrong = [name for name in folx_wrong_constructs() if name not in _FOLX_WARNED]
     if not wrong:
         return
     try:
-        used = _primitive_names(f, x)
+        used = set(compat.primitive_names(jax.make_jaxpr(f)(x)))
     except Exception:  # f fails to trace: folx will say so itself
         return
     for name in wrong:
@@ -450,8 +434,8 @@ def _warn_if_folx_is_wrong(f: Callable[[jax.Array], jax.Array], x: jax.Array) ->
             warnings.warn(
                 f"method='folx': the installed folx gives wrong Laplacians on {name} "
                 "with this JAX (measured on a probe, no error raised), and this "
-                "function uses it; use method='forward_laplacian' "
-                "(forward_laplacian.forward_laplacian) or method='hessian'",
+                "function uses it; use forward_laplacian.forward_laplacian(f, x) "
+                "or method='hessian'",
                 FolxWrongValueWarning,
                 stacklevel=4,
             )
