@@ -57,7 +57,7 @@ import functools
 import logging
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal, TypedDict, Unpack
+from typing import Literal, TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
