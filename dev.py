@@ -6,7 +6,7 @@
     python3 dev.py test        # install into .venv if needed, run the test suite
     python3 dev.py sync        # regenerate the notebooks (chapters/*.ipynb, notebooks/student/)
     python3 dev.py lint        # ruff check + ruff format --check
-    python3 dev.py typecheck   # mypy over src/beyondgrad (config in pyproject.toml)
+    python3 dev.py typecheck   # mypy and pyright over src/beyondgrad (pyproject.toml)
     python3 dev.py mutate      # tools/mutate.py: deliberate bugs the tests must catch
     python3 dev.py chapter chapters/01_tracers.md   # execute one chapter, report errors and time
     python3 dev.py page chapters/01_tracers.md      # build only that chapter as a book, with -W
@@ -14,13 +14,28 @@
 
 Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
 --jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX; floor: every direct
-dependency of pyproject.toml at its lower bound), --force (book:
-re-execute every notebook, ignoring the cache; always on when CI=true), --upgrade
-(newest: upgrade jax, jaxlib, folx and numpy to their newest releases; always on when
-CI=true, so CI's newest environment really is the newest).
+dependency of pyproject.toml at its lower bound), --force (book: re-execute every
+notebook, ignoring the cache), --upgrade (newest: upgrade jax, jaxlib, folx and numpy
+to their newest releases; always on when CI=true, so CI's newest environment really
+is the newest).
 Re-running is fast: the environment is reinstalled only when requirements change.
 Each JAX environment builds into its own folder (_build for the newest JAX,
-_build-floor/_build for the floor): executed notebooks never cross environments.
+_build-floor/_build for the floor).
+
+Caches kept between runs on this machine, outside the checkout (so a fresh clone, as
+on CI, finds them), under $BEYONDGRAD_CACHE (default ~/.cache/beyondgrad):
+  book-<key>/  executed chapters (the book build's jupyter-cache, and the chapters and
+               notebooks the tests execute); <key> digests every installed distribution
+               and its version, the Python version and the package's sources
+               (src/beyondgrad), and jupyter-cache matches each chapter on its code
+               cells: a chapter re-executes only when its code, the package or a
+               version changed, and a page never shows outputs from another package
+               or JAX. A new key rebuilds the pages (never a stale page).
+  jax-<key>/   JAX's persistent compilation cache for the test suite (tests/conftest.py
+               enables it; tests that log or count compilations opt out); <key>
+               digests the installed versions and the Python version. Chapters run
+               without it: what they show of compilation never depends on a cache.
+A clean machine builds the same book and passes the same tests, only slower.
 """
 
 from __future__ import annotations
@@ -64,6 +79,119 @@ def build_dir(jax_spec: str) -> Path:
         if jax_spec == "newest"
         else ROOT / f"_build-{jax_spec}" / "_build"
     )
+
+
+#: Environment variables naming the two caches to the tools and the tests.
+EXEC_CACHE_VARIABLE = "BEYONDGRAD_EXEC_CACHE"
+JAX_CACHE_VARIABLE = "BEYONDGRAD_JAX_CACHE"
+#: Cache folders unused for this many days are removed (each run touches its own).
+CACHE_DAYS = 14
+
+
+def cache_root() -> Path:
+    """Where the caches live, outside any checkout: ``$BEYONDGRAD_CACHE``, else
+    ``$XDG_CACHE_HOME/beyondgrad``, else ``~/.cache/beyondgrad``."""
+    named = os.environ.get("BEYONDGRAD_CACHE", "").strip()
+    if named:
+        return Path(named).expanduser().resolve()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "beyondgrad"
+
+
+_FREEZE = (
+    "import importlib.metadata as m, platform\n"
+    "rows = sorted({(d.metadata['Name'] or '').lower(): d.version\n"
+    "               for d in m.distributions()}.items())\n"
+    "print('Python', platform.python_version(), platform.machine())\n"
+    "print('\\n'.join(f'{n}=={v}' for n, v in rows if n != 'beyondgrad'))\n"
+)
+
+
+def environment_freeze(py: Path) -> str:
+    """Every distribution installed in the environment of ``py`` with its version, and
+    the Python version: what the caches are keyed on besides the package's sources."""
+    return subprocess.run(
+        [str(py), "-c", _FREEZE], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def package_digest() -> str:
+    """A digest of the package's sources and data (``src/beyondgrad``, every file but
+    compiled bytecode): what the chapters import."""
+    h = hashlib.sha256()
+    base = ROOT / "src" / "beyondgrad"
+    for path in sorted(base.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(path.relative_to(base).as_posix().encode() + b"\0")
+            h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def caches(py: Path) -> dict[str, Path]:
+    """This environment's two caches (created; see the module docstring), by variable:
+    executed chapters keyed on versions + package sources, compilations on versions."""
+    freeze = environment_freeze(py)
+    digest = hashlib.sha256(freeze.encode()).hexdigest()
+    book = hashlib.sha256(f"{freeze}\n{package_digest()}".encode()).hexdigest()
+    root = cache_root()
+    found = {
+        EXEC_CACHE_VARIABLE: root / f"book-{book[:16]}",
+        JAX_CACHE_VARIABLE: root / f"jax-{digest[:16]}",
+    }
+    for folder in found.values():
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "key.txt").write_text(freeze)  # what it was keyed on; marks it used
+    _prune_caches(root, keep=set(found.values()))
+    return found
+
+
+def _prune_caches(root: Path, keep: set[Path]) -> None:
+    """Remove cache folders not used for :data:`CACHE_DAYS` days."""
+    cutoff = time.time() - CACHE_DAYS * 86400
+    for folder in root.glob("*-*"):
+        key = folder / "key.txt"
+        if folder in keep or not key.exists() or key.stat().st_mtime >= cutoff:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def link_execution_cache(build: Path, exec_cache: Path) -> None:
+    """Make ``build/.jupyter_cache`` (where Jupyter Book keeps executed notebooks) and
+    ``build/test_execute`` (tools/execute.py's) the keyed cache's. When the key differs from the one this build folder was made with,
+    the folder's pages, doctrees and executed copies are removed first: Sphinx re-reads
+    a page only when its source changed, and a page must never keep outputs computed
+    with another package or another JAX."""
+    build.mkdir(parents=True, exist_ok=True)
+    stamp = build / ".beyondgrad-exec-cache"
+    fresh = stamp.exists() and stamp.read_text() == str(exec_cache)
+    if not fresh:
+        for sub in ("html", "jupyter_execute", ".doctrees"):
+            shutil.rmtree(build / sub, ignore_errors=True)
+    # the book build's jupyter-cache, and what tools/execute.py keeps for the tests
+    for name in (".jupyter_cache", "test_execute"):
+        link, target = build / name, exec_cache / name
+        target.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() and link.resolve() == target.resolve():
+            continue
+        new = build / f"{name}.link"
+        new.unlink(missing_ok=True)
+        try:
+            new.symlink_to(target, target_is_directory=True)
+        except OSError:  # no symbolic links here: a private copy, emptied on a new key
+            if not fresh or link.is_symlink():
+                _remove(link)
+            link.mkdir(exist_ok=True)
+            continue
+        _remove(link)
+        new.rename(link)
+    stamp.write_text(str(exec_cache))
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
 
 
 def _pyproject() -> dict:
@@ -217,8 +345,16 @@ def resolved_versions(py: Path) -> str:
     ).stdout.strip()
 
 
-def run_env(build: Path | None = None, jax_spec: str | None = None) -> dict[str, str]:
+def run_env(
+    build: Path | None = None,
+    jax_spec: str | None = None,
+    cache: dict[str, Path] | None = None,
+) -> dict[str, str]:
     env = dict(os.environ)
+    for variable, folder in (
+        cache or {}
+    ).items():  # caches(): tools and tests read them
+        env[variable] = str(folder)
     if jax_spec is not None:  # tests check the floor environment against pyproject.toml
         env["BEYONDGRAD_JAX"] = jax_spec
     if (
@@ -234,11 +370,24 @@ def run_env(build: Path | None = None, jax_spec: str | None = None) -> dict[str,
     return env
 
 
-def cmd_book(py: Path, force: bool, build: Path) -> int:
-    """Build the executed book into ``build`` with -W, then check every page in Chromium."""
+def cmd_book(
+    py: Path, force: bool, build: Path, cache: dict[str, Path] | None = None
+) -> int:
+    """Build the executed book into ``build`` with -W, then check every page in Chromium.
+
+    Chapters come from the keyed execution cache (:func:`caches`) when their code cells
+    match; ``force`` empties it first, so every chapter executes."""
+    cache = cache or {}
     if force:
         for sub in ("html", ".jupyter_cache", "jupyter_execute", ".doctrees"):
-            shutil.rmtree(build / sub, ignore_errors=True)
+            path = build / sub
+            if path.is_symlink():
+                path.unlink()
+            shutil.rmtree(path, ignore_errors=True)
+        if EXEC_CACHE_VARIABLE in cache:
+            shutil.rmtree(cache[EXEC_CACHE_VARIABLE] / ".jupyter_cache", True)
+    if EXEC_CACHE_VARIABLE in cache:
+        link_execution_cache(build, cache[EXEC_CACHE_VARIABLE])
     t0 = time.perf_counter()
     # Nothing runs beside the build: the chapters' measured timings are published.
     book_cmd = [
@@ -249,7 +398,7 @@ def cmd_book(py: Path, force: bool, build: Path) -> int:
         str(build.parent),
     ]
     rc = subprocess.run(
-        [*book_cmd, "-W", "-n", "--keep-going"], env=run_env(build)
+        [*book_cmd, "-W", "-n", "--keep-going"], env=run_env(build, cache=cache)
     ).returncode
     html = build / "html"
     print(
@@ -259,13 +408,17 @@ def cmd_book(py: Path, force: bool, build: Path) -> int:
         return rc
     t0 = time.perf_counter()
     rc = subprocess.run(
-        [str(py), "-m", "tools.browser", str(html)], cwd=ROOT, env=run_env(build)
+        [str(py), "-m", "tools.browser", str(html)],
+        cwd=ROOT,
+        env=run_env(build, cache=cache),
     ).returncode
     print(f"[dev] browser checks exited {rc} after {time.perf_counter() - t0:.0f} s")
     return rc
 
 
-def cmd_page(py: Path, paths: list[str], build: Path) -> int:
+def cmd_page(
+    py: Path, paths: list[str], build: Path, cache: dict[str, Path] | None = None
+) -> int:
     """Build a small book of the given chapters only (for authors): same config, -W."""
     if not paths:
         sys.exit("dev.py page needs chapter files, e.g. chapters/01_tracers.md")
@@ -293,8 +446,10 @@ def cmd_page(py: Path, paths: list[str], build: Path) -> int:
         "--path-output",
         str(out),
     ]
+    if cache and EXEC_CACHE_VARIABLE in cache:  # the book's executions serve here too
+        link_execution_cache(out / "_build", cache[EXEC_CACHE_VARIABLE])
     rc = subprocess.run(
-        [*cmd, "-W", "-n", "--keep-going"], env=run_env(out / "_build")
+        [*cmd, "-W", "-n", "--keep-going"], env=run_env(out / "_build", cache=cache)
     ).returncode
     print(f"[dev] page build exited {rc}; open {out}/_build/html/index.html")
     return rc
@@ -313,14 +468,28 @@ def cmd_lint(py: Path) -> int:
     return rc or fmt
 
 
+#: Whether pyright's findings fail ``dev.py typecheck`` (and CI). False: pyright runs
+#: and reports, and only mypy decides. Set to True once src/ is pyright-clean.
+PYRIGHT_GATES = False
+
+
 def cmd_typecheck(py: Path) -> int:
-    """mypy over src/beyondgrad (configured in pyproject.toml) with this environment's JAX."""
+    """mypy, then pyright, over src/beyondgrad (both configured in pyproject.toml) with
+    this environment's JAX. pyright fails the command only if :data:`PYRIGHT_GATES`."""
     rc = subprocess.run([str(py), "-m", "mypy"], cwd=ROOT).returncode
     if rc:
         print(
             "[dev] mypy found type errors in src/ (config: pyproject.toml [tool.mypy])"
         )
-    return rc
+    pyright = [str(py), "-m", "pyright", "--pythonpath", str(py)]
+    prc = subprocess.run(pyright, cwd=ROOT).returncode
+    if prc:
+        print(
+            "[dev] pyright found type errors in src/ (config: pyproject.toml "
+            f"[tool.pyright]); {'they fail' if PYRIGHT_GATES else 'reported only, not'}"
+            " failing this command (dev.py: PYRIGHT_GATES)"
+        )
+    return rc or (prc if PYRIGHT_GATES else 0)
 
 
 #: How the whole suite runs: one pytest worker per core (pytest-xdist), and a worker
@@ -330,23 +499,33 @@ PARALLEL = ["-n", "auto", "--dist", "worksteal"]
 
 
 def cmd_test(
-    py: Path, pytest_args: list[str], build: Path, jax_spec: str = "newest"
+    py: Path,
+    pytest_args: list[str],
+    build: Path,
+    jax_spec: str = "newest",
+    cache: dict[str, Path] | None = None,
 ) -> int:
     """Run pytest: the whole suite in parallel (``PARALLEL``), or exactly what
     ``pytest_args`` select, in one process."""
     args = pytest_args or PARALLEL
+    if cache and EXEC_CACHE_VARIABLE in cache:
+        link_execution_cache(build, cache[EXEC_CACHE_VARIABLE])
     rc = subprocess.run(
-        [str(py), "-m", "pytest", *args], cwd=ROOT, env=run_env(build, jax_spec)
+        [str(py), "-m", "pytest", *args],
+        cwd=ROOT,
+        env=run_env(build, jax_spec, cache),
     ).returncode
     if rc == 5:  # pytest: no tests collected (e.g. a -k filter matched nothing)
         print("[dev] pytest collected no tests")
     return rc
 
 
-def cmd_chapter(py: Path, paths: list[str], build: Path) -> int:
+def cmd_chapter(
+    py: Path, paths: list[str], build: Path, cache: dict[str, Path] | None = None
+) -> int:
     code = "import sys; from tools.execute import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run(
-        [str(py), "-c", code, *paths], cwd=ROOT, env=run_env(build)
+        [str(py), "-c", code, *paths], cwd=ROOT, env=run_env(build, cache=cache)
     ).returncode
 
 
@@ -393,13 +572,14 @@ def main(argv: list[str]) -> int:
         upgrade_newest(py)
     print(f"[dev] {ns.jax} environment {ns.venv}: {resolved_versions(py)}", flush=True)
     build = build_dir(ns.jax)
+    cache = caches(py) if ns.command != "setup" else {}
     if ns.command == "book":
-        return cmd_book(py, ns.force or on_ci(), build)
+        return cmd_book(py, ns.force, build, cache)
     if ns.command == "test":
-        return cmd_test(py, ns.args, build, ns.jax)
+        return cmd_test(py, ns.args, build, ns.jax, cache)
     if ns.command == "sync":
         return subprocess.run(
-            [str(py), "-m", "tools.book"], cwd=ROOT, env=run_env(build)
+            [str(py), "-m", "tools.book"], cwd=ROOT, env=run_env(build, cache=cache)
         ).returncode
     if ns.command == "lint":
         return cmd_lint(py)
@@ -407,11 +587,11 @@ def main(argv: list[str]) -> int:
         return cmd_typecheck(py)
     if ns.command == "mutate":  # tools/mutate.py: deliberate bugs the tests must catch
         cmd = [str(py), "-m", "tools.mutate", "--python", str(py), *ns.args]
-        return subprocess.run(cmd, cwd=ROOT, env=run_env(build)).returncode
+        return subprocess.run(cmd, cwd=ROOT, env=run_env(build, cache=cache)).returncode
     if ns.command == "chapter":
-        return cmd_chapter(py, ns.args, build)
+        return cmd_chapter(py, ns.args, build, cache)
     if ns.command == "page":
-        return cmd_page(py, ns.args, build)
+        return cmd_page(py, ns.args, build, cache)
     return 0  # setup: environment only
 
 

@@ -212,3 +212,93 @@ def test_selected_tests_run_alone(monkeypatch):
         dev.cmd_test(Path("/py"), ["tests/test_book.py"], dev.build_dir("newest")) == 0
     )
     assert len(calls) == 1 and "-n" not in calls[0]
+
+
+def test_caches_live_outside_the_checkout_keyed_on_versions_and_package(
+    tmp_path, monkeypatch
+):
+    import sys
+
+    monkeypatch.setenv("BEYONDGRAD_CACHE", str(tmp_path))
+    py = Path(sys.executable)
+    first = dev.caches(py)
+    assert set(first) == {dev.EXEC_CACHE_VARIABLE, dev.JAX_CACHE_VARIABLE}
+    for folder in first.values():
+        assert folder.parent == tmp_path and not folder.is_relative_to(book.ROOT)
+        # keyed on every installed version and the Python version
+        assert "jax==" in (folder / "key.txt").read_text()
+    monkeypatch.setattr(dev, "package_digest", lambda: "another package")
+    second = dev.caches(py)
+    # another package source: other executed chapters, the same compilations
+    assert second[dev.EXEC_CACHE_VARIABLE] != first[dev.EXEC_CACHE_VARIABLE]
+    assert second[dev.JAX_CACHE_VARIABLE] == first[dev.JAX_CACHE_VARIABLE]
+
+
+def test_package_digest_covers_every_source_file(tmp_path, monkeypatch):
+    package = tmp_path / "src" / "beyondgrad"
+    package.mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(dev, "ROOT", tmp_path)
+    before = dev.package_digest()
+    (package / "a.py").write_text("x = 2\n")
+    assert dev.package_digest() != before
+
+
+def test_a_new_cache_key_removes_the_pages_built_with_the_old(tmp_path):
+    build = tmp_path / "_build"
+    (build / "html").mkdir(parents=True)
+    dev.link_execution_cache(build, tmp_path / "key-a")
+    assert not (build / "html").exists()  # no record of its key: rebuilt
+    assert (build / ".jupyter_cache").resolve() == (
+        tmp_path / "key-a" / ".jupyter_cache"
+    ).resolve()
+    assert (build / "test_execute").resolve() == (
+        tmp_path / "key-a" / "test_execute"
+    ).resolve()
+    (build / "html").mkdir()
+    dev.link_execution_cache(build, tmp_path / "key-a")
+    assert (build / "html").exists()  # same key: the pages stay
+    dev.link_execution_cache(build, tmp_path / "key-b")
+    assert not (build / "html").exists()
+    assert (build / ".jupyter_cache").resolve() == (
+        tmp_path / "key-b" / ".jupyter_cache"
+    ).resolve()
+
+
+def test_ci_does_not_force_the_book(monkeypatch):
+    """The chapters' cache is keyed on code, package and versions: CI reuses it."""
+    monkeypatch.setenv("CI", "true")
+    _calls(monkeypatch)
+    forced = []
+    monkeypatch.setattr(dev, "caches", lambda py: {})
+    monkeypatch.setattr(
+        dev, "cmd_book", lambda py, force, build, cache: forced.append(force) or 0
+    )
+    assert dev.main(["--jax", "floor", "book"]) == 0
+    assert forced == [False]
+
+
+def _logs_compilations():
+    from beyondgrad import tracers
+
+    with tracers.jax_log("jax_log_compiles") as messages:
+        pass
+    return messages
+
+
+def test_tests_that_observe_compilation_run_without_the_compile_cache():
+    """tests/conftest.py turns JAX's persistent cache off for a test whose source
+    names what logs or counts compilations (its messages would depend on the cache)."""
+    import conftest
+
+    class Item:
+        def __init__(self, function, marker=None):
+            self.function, self.marker = function, marker
+
+        def get_closest_marker(self, name):
+            return self.marker if name == "no_compile_cache" else None
+
+    assert conftest._observes_compilation(Item(_logs_compilations))
+    assert not conftest._observes_compilation(Item(test_ci_does_not_force_the_book))
+    marked = Item(test_ci_does_not_force_the_book, marker=object())
+    assert conftest._observes_compilation(marked)

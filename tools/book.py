@@ -7,13 +7,21 @@ the supported JAX floor lives in ``pyproject.toml``. Everything here derives fro
 from __future__ import annotations
 
 import json
-import os
 import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+# Where executed chapters are kept (tools.executed imports nothing from here).
+from tools.executed import (  # noqa: F401  (re-exported: the tests and dev.py read them)
+    BUILD_DIR_VARIABLE,
+    ROOT,
+    build_dir,
+    cached_execution,
+    executed_notebook,
+    fresh_executed_notebook,
+)
+
 CHAPTERS = ROOT / "chapters"
 COLAB = "https://colab.research.google.com"
 #: The first line of a cell that must fail: the cell magic ``%%raises ClassName``
@@ -22,8 +30,6 @@ COLAB = "https://colab.research.google.com"
 RAISES = re.compile(r"%%raises\s+([A-Za-z_][\w.]*)\s*")
 #: The first line the magic prints when the cell raised the class it names.
 RAISED_AS_EXPECTED = re.compile(r"([A-Za-z_]\w*) raised, as expected\b")
-#: Environment variable naming the build folder (set by dev.py, one per environment).
-BUILD_DIR_VARIABLE = "BEYONDGRAD_BUILD_DIR"
 
 
 def expected_exception(cell_source: str) -> str | None:
@@ -51,17 +57,6 @@ def raised_exception(outputs: list) -> str | None:
             if m:
                 return m.group(1)
     return None
-
-
-def build_dir() -> Path:
-    """The build folder of this environment: ``_build`` unless dev.py names another.
-
-    Each JAX environment builds into its own folder (``dev.py`` sets
-    ``BEYONDGRAD_BUILD_DIR``: ``_build`` for the newest JAX, ``_build-floor/_build`` for
-    the floor), so that executed-notebook caches never cross from one JAX to another.
-    """
-    named = os.environ.get(BUILD_DIR_VARIABLE)
-    return Path(named).resolve() if named else ROOT / "_build"
 
 
 def config() -> dict:
@@ -164,39 +159,6 @@ def _colab_url_of(notebook: Path) -> str:
 def colab_url(source: Path) -> str:
     """Colab's URL for a chapter: its self-study .ipynb on the configured branch."""
     return _colab_url_of(Path(source).with_suffix(".ipynb"))
-
-
-def cached_execution(source: Path):
-    """(notebook, executed-at timestamp) of ``source`` from the book build's jupyter-cache.
-
-    myst-nb writes ``_build/jupyter_execute/*.ipynb`` without outputs when it serves a
-    page from its cache, so readers of executed outputs (the status page, the error-cell
-    tests) look here. The cache matches on the code cells, so an edited chapter misses.
-    Returns None when there is no matching record.
-    """
-    cache_dir = build_dir() / ".jupyter_cache"
-    if not cache_dir.exists():
-        return None
-    import jupytext
-    from jupyter_cache import get_cache
-
-    cache = get_cache(cache_dir)
-    nb = jupytext.read(source)
-    try:
-        record = cache.match_cache_notebook(nb)
-    except KeyError:
-        return None
-    # The cache keeps code cells and their outputs; the prose comes from the source.
-    cached = [
-        c for c in cache.get_cache_bundle(record.pk).nb.cells if c.cell_type == "code"
-    ]
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    if len(cached) != len(code):
-        return None
-    for cell, done in zip(code, cached):
-        cell.outputs = done.outputs
-        cell.execution_count = done.get("execution_count")
-    return nb, record.created.timestamp()
 
 
 # --------------------------------------------------------------------------- notebook sets
@@ -839,9 +801,6 @@ def sync_glue(source: Path) -> Path | None:
     (other code, a missing value), from an execution now. Returns the path if changed."""
     if not glue_names(source):
         return None
-    # tools.execute imports this module: imported here, when needed
-    from tools.execute import executed_notebook, fresh_executed_notebook
-
     executed = fresh_executed_notebook(source)
     if executed is None and glue_record_problems(source):
         print(

@@ -20,8 +20,6 @@ from pathlib import Path
 from tools.book import (
     REMOVE_TAG,
     ROOT,
-    build_dir,
-    cached_execution,
     chapter_sources,
     expected_exception,
     only_imports,
@@ -29,75 +27,15 @@ from tools.book import (
     solution_exercises,
     student_path,
 )
-
-
-def test_cache() -> Path:
-    """Where executed chapters are kept between test runs (inside this environment's build)."""
-    return build_dir() / "test_execute"
-
-
-def _write_atomically(nb, path: Path) -> None:
-    """Write ``nb`` so that a parallel test worker never reads half a file."""
-    import os
-    import tempfile
-
-    import nbformat
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        nbformat.write(nb, f)
-    os.replace(tmp, path)
-
-
-def _newest_input_mtime(source: Path) -> float:
-    package = max(
-        p.stat().st_mtime for p in (ROOT / "src" / "beyondgrad").rglob("*.py")
-    )
-    return max(source.stat().st_mtime, package)
-
-
-def execute(source: Path, timeout: int = 600):
-    """Run a chapter top to bottom in a fresh kernel; return (notebook, seconds)."""
-    import jupytext
-    from nbclient import NotebookClient
-
-    nb = jupytext.read(source)
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(source.parent)}},
-    )
-    t0 = time.perf_counter()
-    client.execute()
-    return nb, time.perf_counter() - t0
-
-
-def fresh_executed_notebook(source: Path):
-    """The executed chapter if a copy newer than the chapter and the package exists: the
-    book build's (jupyter-cache), the tests' or ``dev.py chapter``'s; else None."""
-    import nbformat
-
-    source = Path(source)
-    newest = _newest_input_mtime(source)
-    built = cached_execution(source)
-    if built is not None and built[1] >= newest:
-        return built[0]
-    candidate = test_cache() / f"{source.stem}.ipynb"
-    if candidate.exists() and candidate.stat().st_mtime >= newest:
-        return nbformat.read(candidate, as_version=4)
-    return None
-
-
-def executed_notebook(source: Path):
-    """The executed chapter: a fresh copy (:func:`fresh_executed_notebook`), else the
-    chapter executed here (and kept in the build folder for the next caller)."""
-    nb = fresh_executed_notebook(source)
-    if nb is None:
-        nb, _ = execute(Path(source))
-        _write_atomically(nb, test_cache() / f"{Path(source).stem}.ipynb")
-    return nb
+from tools.executed import (  # noqa: F401  (execute, test_cache: the tests' readers)
+    code_of,
+    execute,
+    executed_notebook,
+    fresh_executed_notebook,
+    is_fresh,
+    test_cache,
+    write_atomically,
+)
 
 
 class RunAllStopped(AssertionError):
@@ -373,25 +311,24 @@ def implied_run_all(done, nb):
 
 def run_all_cached(path: Path, timeout: int = 600):
     """:func:`run_all` of a generated notebook, kept in the build folder until the
-    notebook or the package changes (each notebook runs once per environment); a
+    notebook's code, the package or a version changes (``tools.executed.is_fresh``) (each notebook runs once per environment); a
     self-study notebook whose Run all the book build already performed
     (:func:`run_all_implied_by_build`) is not run again."""
     import nbformat
 
     path = Path(path).resolve()
-    newest = max(
-        path.stat().st_mtime,
-        max(p.stat().st_mtime for p in (ROOT / "src" / "beyondgrad").rglob("*.py")),
-    )
     rel = path.relative_to(ROOT).as_posix().replace("/", "__")
     candidate = test_cache() / "run_all" / rel
-    if candidate.exists() and candidate.stat().st_mtime >= newest:
-        return nbformat.read(candidate, as_version=4)
+    if candidate.exists():
+        kept = nbformat.read(candidate, as_version=4)
+        same = lambda: code_of(kept) == code_of(nbformat.read(path, as_version=4))  # noqa: E731
+        if is_fresh(candidate, [path], same):
+            return kept
     nb = run_all_implied_by_build(path)
     if nb is not None:  # the book build's execution already was this Run all
         return nb
     nb = run_all(path, timeout)
-    _write_atomically(nb, candidate)
+    write_atomically(nb, candidate)
     return nb
 
 
@@ -473,7 +410,7 @@ def main(paths: list[str]) -> int:
             worst = 1
             continue
         # kept for the tests and for `dev.py sync` (the glued values)
-        _write_atomically(nb, test_cache() / f"{source.stem}.ipynb")
+        write_atomically(nb, test_cache() / f"{source.stem}.ipynb")
         bad = [
             c for c in error_cells(nb) if c.expected is None or c.raised != c.expected
         ]
