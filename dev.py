@@ -33,7 +33,7 @@ on CI, finds them), under $BEYONDGRAD_CACHE (default ~/.cache/beyondgrad):
                or JAX. A new key rebuilds the pages (never a stale page).
   jax-<key>/   JAX's persistent compilation cache for the test suite (tests/conftest.py
                enables it; tests that log or count compilations opt out); <key>
-               digests the installed versions and the Python version. Chapters run
+               digests the Python version and the jax* distributions' versions. Chapters run
                without it: what they show of compilation never depends on a cache.
 A clean machine builds the same book and passes the same tests, only slower.
 """
@@ -127,20 +127,28 @@ def package_digest() -> str:
     return h.hexdigest()
 
 
+#: jax, jaxlib and JAX's device plugins (jax-cuda12-plugin, ...), in a freeze line.
+_JAX_DIST = re.compile(r"(jax|jaxlib|jax[-_](cuda|rocm|tpu)[\w.-]*)==")
+
+
 def caches(py: Path) -> dict[str, Path]:
     """This environment's two caches (created; see the module docstring), by variable:
     executed chapters keyed on versions + package sources, compilations on versions."""
     freeze = environment_freeze(py)
-    digest = hashlib.sha256(freeze.encode()).hexdigest()
+    # compilations depend on Python, jax, jaxlib (and any jax plugin) alone; JAX's own
+    # cache key adds the program, the compile options and the devices
+    lines = freeze.splitlines()
+    jax_only = "\n".join([lines[0], *(ln for ln in lines if _JAX_DIST.match(ln))])
+    digest = hashlib.sha256(jax_only.encode()).hexdigest()
     book = hashlib.sha256(f"{freeze}\n{package_digest()}".encode()).hexdigest()
     root = cache_root()
     found = {
         EXEC_CACHE_VARIABLE: root / f"book-{book[:16]}",
         JAX_CACHE_VARIABLE: root / f"jax-{digest[:16]}",
     }
-    for folder in found.values():
+    for folder, keyed_on in zip(found.values(), (freeze, jax_only)):
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "key.txt").write_text(freeze)  # what it was keyed on; marks it used
+        (folder / "key.txt").write_text(keyed_on)  # what it is keyed on; marks it used
     _prune_caches(root, keep=set(found.values()))
     return found
 

@@ -225,8 +225,12 @@ def test_caches_live_outside_the_checkout_keyed_on_versions_and_package(
     assert set(first) == {dev.EXEC_CACHE_VARIABLE, dev.JAX_CACHE_VARIABLE}
     for folder in first.values():
         assert folder.parent == tmp_path and not folder.is_relative_to(book.ROOT)
-        # keyed on every installed version and the Python version
-        assert "jax==" in (folder / "key.txt").read_text()
+    # executed chapters: keyed on every installed version and the Python version
+    keyed_on = (first[dev.EXEC_CACHE_VARIABLE] / "key.txt").read_text()
+    assert "jax==" in keyed_on and "numpy==" in keyed_on and "Python" in keyed_on
+    # compilations: on Python, jax and jaxlib
+    keyed_on = (first[dev.JAX_CACHE_VARIABLE] / "key.txt").read_text()
+    assert "jaxlib==" in keyed_on and "numpy==" not in keyed_on
     monkeypatch.setattr(dev, "package_digest", lambda: "another package")
     second = dev.caches(py)
     # another package source: other executed chapters, the same compilations
