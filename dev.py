@@ -581,6 +581,8 @@ def main(argv: list[str]) -> int:
     print(f"[dev] {ns.jax} environment {ns.venv}: {resolved_versions(py)}", flush=True)
     build = build_dir(ns.jax)
     cache = caches(py) if ns.command != "setup" else {}
+    if cache:  # every command reads and writes executed chapters in the keyed cache
+        link_execution_cache(build, cache[EXEC_CACHE_VARIABLE])
     if ns.command == "book":
         return cmd_book(py, ns.force, build, cache)
     if ns.command == "test":
