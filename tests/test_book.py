@@ -496,3 +496,12 @@ def test_no_student_link_without_solutions(book_ext, monkeypatch):
     doc = _chapter_doctree("Exercises")
     book_ext.add_student_notebook_link(_App(SOURCES[-1]), doc)
     assert len(doc.children[0].children) == 2 and book_ext.warnings_seen == []
+
+
+@pytest.mark.parametrize("page", ["instructor_guide.md", "teaching_colab.md"])
+def test_local_install_line_is_the_configured_repository(page):
+    """The pages quote the install line with the repository and branch of _config.yml
+    (no placeholders left to fill in)."""
+    text = (book.ROOT / page).read_text()
+    assert book.local_install_line() in text
+    assert "<repository>" not in text and "<branch>" not in text

@@ -36,6 +36,7 @@ from typing import IO, Any
 
 __all__ = [
     "ExpectedErrorMissing",
+    "ReadablePaths",
     "expect_error",
     "format_error",
     "load_ipython_extension",

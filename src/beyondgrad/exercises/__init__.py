@@ -131,6 +131,14 @@ class _OutOfTime(BaseException):
     so that the student's ``except Exception`` does not swallow it)."""
 
 
+def _out_of_time_message(what: str, seconds: float) -> str:
+    return (
+        f"{what} did not return within {seconds:g} s and was stopped: does a loop "
+        "never end (a while loop without an iteration cap, a tolerance it cannot "
+        "reach)?"
+    )
+
+
 def _watchdog_message(what: str, seconds: float) -> str:
     return (
         f"{what} has run for {seconds:g} s inside compiled code (for example a "
@@ -185,11 +193,7 @@ def time_limit(
     try:
         yield
     except _OutOfTime:
-        raise TimeoutError(
-            f"{what} did not return within {seconds:g} s and was stopped: does a loop "
-            "never end (a while loop without an iteration cap, a tolerance it cannot "
-            "reach)?"
-        ) from None
+        raise TimeoutError(_out_of_time_message(what, seconds)) from None
     finally:
         _LIMITS.pop()
         done.set()
@@ -229,6 +233,8 @@ def call_answer(fn: Any, *args: Any, what: str = "your function", **kwargs: Any)
     try:
         with time_limit(TIME_LIMIT, what=what):
             return fn(*args, **kwargs)
+    except _OutOfTime:  # an enclosing time_limit's timer fired in the student's code
+        return _Failure(_out_of_time_message(what, _LIMITS[0] if _LIMITS else 0))
     except TimeoutError as e:
         if "did not return within" in str(e):
             return _Failure(str(e))
