@@ -101,8 +101,16 @@ def test_colab_url_rejects_non_github_repository(monkeypatch):
         book.colab_url(SOURCES[0])
 
 
-def _run_install_cell(monkeypatch) -> list[str]:
-    """Execute the install cell as if on Colab, without beyondgrad; return pip's argv."""
+class _Dist:
+    """A preinstalled distribution as importlib.metadata lists it (name, version)."""
+
+    def __init__(self, name: str, version: str):
+        self.metadata, self.version = {"Name": name}, version
+
+
+def _run_install_cell(monkeypatch, preinstalled=()) -> list[str]:
+    """Execute the install cell as if on Colab, without beyondgrad, with the
+    distributions ``preinstalled`` listed before this environment's; return pip's argv."""
     calls = []
     monkeypatch.setitem(sys.modules, "google.colab", type(sys)("google.colab"))
     real_find_spec = importlib.util.find_spec
@@ -110,6 +118,12 @@ def _run_install_cell(monkeypatch) -> list[str]:
         importlib.util,
         "find_spec",
         lambda name, *a: None if name == "beyondgrad" else real_find_spec(name, *a),
+    )
+    real_distributions = importlib.metadata.distributions
+    monkeypatch.setattr(
+        importlib.metadata,
+        "distributions",
+        lambda: [*(_Dist(*d) for d in preinstalled), *real_distributions()],
     )
     monkeypatch.setattr(subprocess, "run", lambda argv, **kw: calls.append(argv))
     exec(book.colab_install_cell(), {})
@@ -124,44 +138,127 @@ def test_install_cell_does_nothing_off_colab(monkeypatch):
     assert calls == []
 
 
-def test_install_cell_pins_every_installed_jax_package(monkeypatch):
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_install_cell_pins_every_installed_package(monkeypatch):
     argv = _run_install_cell(monkeypatch)
     assert argv[1:4] == ["-m", "pip", "install"]
     forbidden = {"-U", "--upgrade", "--force-reinstall", "--ignore-installed", "-I"}
-    assert not forbidden & set(argv), f"install flags could replace jax: {argv}"
-    assert not any(
-        a.split("==")[0].split(">")[0].strip().lower() in {"jax", "jaxlib"}
-        for a in argv
-    )
+    assert not forbidden & set(argv), f"install flags could replace a package: {argv}"
     constraints = Path(argv[argv.index("--constraint") + 1]).read_text().split()
     installed = {
-        f"{d.metadata['Name']}=={d.version}"
-        for d in importlib.metadata.distributions()
-        if d.metadata["Name"].lower().startswith(("jax", "libtpu"))
+        _normal(d.metadata["Name"]): d.version
+        for d in reversed(list(importlib.metadata.distributions()))
+        if d.metadata["Name"]
     }
-    assert {"jax", "jaxlib"} <= {c.split("==")[0].lower() for c in constraints}
-    assert set(constraints) == installed
-    assert argv[-1] == book.package_spec()
+    assert {"jax", "jaxlib", "ipywidgets"} <= {c.split("==")[0] for c in constraints}
+    assert dict(c.split("==", 1) for c in constraints) == installed
+    url, branch = book.repository()
+    assert argv[argv.index("--constraint") + 2] == f"beyondgrad @ git+{url}@{branch}"
 
 
-def test_install_cell_resolution_keeps_jax(monkeypatch, tmp_path):
-    """pip's own resolver, given the cell's arguments, installs no jax/jaxlib."""
-    argv = _run_install_cell(monkeypatch)
-    monkeypatch.undo()
-    local = argv[:-1] + [
-        f"{book.ROOT}[chapters]",
-        "--dry-run",
-        "--report",
-        str(tmp_path / "r.json"),
-    ]
-    done = subprocess.run(local, capture_output=True, text=True, timeout=300)
+def test_install_cell_keeps_an_older_preinstalled_extra(monkeypatch, capsys):
+    """Colab's ipywidgets 7.7.1 (older than the extra's floor) is pinned, not asked
+    for, and the reader is told; the other extras are asked for at their floors."""
+    argv = _run_install_cell(monkeypatch, [("ipywidgets", "7.7.1")])
+    constraints = Path(argv[argv.index("--constraint") + 1]).read_text().split()
+    assert "ipywidgets==7.7.1" in constraints
+    asked = argv[argv.index("--constraint") + 3 :]
+    assert not [a for a in asked if a.startswith("ipywidgets")]
+    extra = book.chapters_extra()
+    assert sorted(asked) == sorted(
+        f"{n}>={v}" for n, v in extra.items() if n != "ipywidgets"
+    )
+    said = capsys.readouterr().out
+    assert "Keeping Colab's ipywidgets 7.7.1" in said and extra["ipywidgets"] in said
+
+
+def _fake_runtime(tmp_path: Path, dists: dict[str, str]) -> Path:
+    """A folder of dist-info records that, first on sys.path, makes Python and pip
+    see these distributions as installed (a runtime's preinstalled packages)."""
+    site = tmp_path / "preinstalled"
+    for name, version in dists.items():
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        )
+        (info / "RECORD").write_text("")
+        (info / "INSTALLER").write_text("pip\n")
+    return site
+
+
+_SIMULATE = """
+import importlib.util, subprocess, sys, types
+sys.modules["google.colab"] = types.ModuleType("google.colab")
+real_find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: (
+    None if name == "beyondgrad" else real_find_spec(name, *a))
+calls = []
+subprocess.run = lambda argv, **kw: calls.append(argv)
+try:
+    exec(open(sys.argv[1]).read(), {})
+except SystemExit as e:
+    print("STOPPED:", e)
+print("PIP:", calls)
+"""
+
+
+def _simulate_colab(tmp_path, dists) -> tuple[str, dict]:
+    site = _fake_runtime(tmp_path, dists)
+    cell = tmp_path / "cell.py"
+    cell.write_text(book.colab_install_cell())
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", _SIMULATE, str(cell)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, env
+
+
+def test_install_cell_below_the_floor_says_what_to_do_before_pip(tmp_path):
+    """A runtime whose preinstalled JAX (0.7.2) is older than the floor: one sentence
+    naming that JAX, the floor and the command, and pip never runs."""
+    out, _ = _simulate_colab(tmp_path, {"jax": "0.7.2", "jaxlib": "0.7.2"})
+    floor = book.jax_floor()
+    assert "PIP: []" in out
+    stopped = next(x for x in out.splitlines() if x.startswith("STOPPED:"))
+    assert "JAX 0.7.2" in stopped and floor in stopped
+    assert f"!pip install -U 'jax>={floor}'" in stopped
+    assert "ResolutionImpossible" not in out
+
+
+@pytest.mark.timeout(300)
+def test_install_cell_inside_the_range_adds_only_ours(tmp_path):
+    """A runtime with JAX 0.9.0 and a Colab-like ipywidgets 7.7.1 preinstalled: the
+    cell runs pip, and pip's resolver, given the cell's arguments (this checkout in
+    place of the git URL), replaces no preinstalled package (a dry run)."""
+    preinstalled = {"jax": "0.9.0", "jaxlib": "0.9.0", "ipywidgets": "7.7.1"}
+    out, env = _simulate_colab(tmp_path, preinstalled)
+    assert "STOPPED" not in out
+    argv = json.loads(out.split("PIP: ", 1)[1].replace("'", '"'))[0]
+    keep = Path(argv[argv.index("--constraint") + 1]).read_text().split()
+    assert {f"{n}=={v}" for n, v in preinstalled.items()} <= set(keep)
+    spec = argv.index("--constraint") + 2
+    assert argv[spec].startswith("beyondgrad @ git+")
+    local = [*argv[:spec], str(book.ROOT), *argv[spec + 1 :]]
+    local += ["--dry-run", "--quiet", "--report", str(tmp_path / "r.json")]
+    done = subprocess.run(
+        local,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**env, "PIP_NO_INPUT": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
-    names = {item["metadata"]["name"].lower() for item in report["install"]}
+    names = {_normal(item["metadata"]["name"]) for item in report["install"]}
     assert "beyondgrad" in names
-    assert not {
-        n for n in names if n.startswith(("jax", "libtpu")) and n != "jaxtyping"
-    }, names
+    pinned = {c.split("==")[0] for c in keep} - {"beyondgrad"}  # ours: editable here
+    assert not names & pinned, f"would replace preinstalled {names & pinned}"
 
 
 def test_config_is_the_single_source_of_the_repository():
@@ -399,3 +496,12 @@ def test_no_student_link_without_solutions(book_ext, monkeypatch):
     doc = _chapter_doctree("Exercises")
     book_ext.add_student_notebook_link(_App(SOURCES[-1]), doc)
     assert len(doc.children[0].children) == 2 and book_ext.warnings_seen == []
+
+
+@pytest.mark.parametrize("page", ["instructor_guide.md", "teaching_colab.md"])
+def test_local_install_line_is_the_configured_repository(page):
+    """The pages quote the install line with the repository and branch of _config.yml
+    (no placeholders left to fill in)."""
+    text = (book.ROOT / page).read_text()
+    assert book.local_install_line() in text
+    assert "<repository>" not in text and "<branch>" not in text

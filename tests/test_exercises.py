@@ -145,3 +145,72 @@ def test_feedback_prints_marks():
         str(ex.verdict("e1", [], success="well done")) == "✓ e1: correct\n  - well done"
     )
     assert str(ex.verdict("e1", [], attempted=False)) == f"… e1: {ex.NOT_ATTEMPTED}"
+
+
+# ------------------------------------------------ time limit, drawn cases, return kinds
+
+
+def test_a_python_loop_that_never_ends_is_stopped_with_a_message():
+    import time
+
+    def endless(x):
+        while True:
+            x = x + 1
+
+    start = time.monotonic()
+    got = ex.call_answer(endless, 1.0, what="your solver")
+    took = time.monotonic() - start
+    assert ex.TIME_LIMIT - 0.5 <= took <= ex.TIME_LIMIT + 5
+    said = ex.failed(got)
+    assert said.startswith("your solver did not return within 10 s and was stopped")
+
+
+def test_an_enclosing_time_limit_governs_and_a_students_except_cannot_swallow_it():
+    import time
+
+    def stubborn():
+        while True:
+            try:
+                time.sleep(0.01)
+            except Exception:
+                pass
+
+    start = time.monotonic()
+    with ex.time_limit(1.5, what="outer"):
+        got = ex.call_answer(stubborn, what="inner")
+    assert time.monotonic() - start < 5
+    assert ex.failed(got).startswith("inner did not return within 1.5 s")
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "10"])
+def test_time_limit_rejects_a_bad_limit(bad):
+    with pytest.raises(ValueError, match="positive number"):
+        with ex.time_limit(bad):
+            pass
+
+
+@pytest.mark.parametrize(
+    "answer, said",
+    [
+        (lambda x: x, "answer is a function (<lambda>), not its value"),
+        (None, "answer is None (does your function end without `return`?)"),
+        ("0.5", "answer is a str ('0.5'), not a number or array"),
+        ((np.ones(3), None), "answer contains None"),
+    ],
+)
+def test_a_wrong_return_kind_is_named(answer, said):
+    ref = (np.ones(3), np.ones(3)) if isinstance(answer, tuple) else np.ones(3)
+    (got,) = ex.tree_mismatches(answer, ref)
+    assert got.startswith(said)
+
+
+def test_none_where_the_reference_has_none_is_fine():
+    assert ex.tree_mismatches((np.ones(2), None), (np.ones(2), None)) == []
+
+
+def test_case_rng_draws_fresh_cases_unless_a_seed_is_given():
+    a, b = ex.case_rng().integers(2**62), ex.case_rng().integers(2**62)
+    assert a != b
+    assert ex.case_rng(3).integers(99) == ex.case_rng(3).integers(99)
+    with pytest.raises(TypeError, match="seed must be an int or None"):
+        ex.case_rng(1.5)

@@ -857,3 +857,120 @@ def test_guide_says_how_to_recover_a_hung_kernel():
     assert "Runtime → Restart session" in text and "does not stop it" in text
     chapter = (book.CHAPTERS / "01_tracers.md").read_text().split("## Exercises")[-1]
     assert "Runtime → Restart session" in chapter and "while_loop" in chapter
+
+
+# ------------------------------------------------------ what a student sees first
+#
+# A quote in the guide can be tied to the wrong answer that produces it: an inline
+# comment ``<!-- first-message: NAME -->`` right before the quote (the next code span,
+# single or double backticks). The test runs NAME's wrong answer and asserts that the
+# quote is in the FIRST thing the student sees: a checker's first message (or its
+# only line, for an unattempted stub), the first failing line of the setup check, the
+# install cell's sentence. NAME is a Mistake above or an entry of FIRST_SEEN below.
+
+MARKER = re.compile(
+    r"<!--\s*first-message:\s*(?P<name>[\w-]+)\s*-->\s*(?P<ticks>`{1,2})(?P<quote>.+?)(?P=ticks)",
+    re.S,
+)
+
+
+def first_message(feedback) -> str:
+    """The first line a student reads in a checker's verdict that says what is wrong
+    (the not-attempted line of a stub, else the first message)."""
+    if not feedback.attempted or not feedback.messages:
+        return str(feedback).splitlines()[0]
+    return feedback.messages[0]
+
+
+def _setup_too_few_devices() -> str:
+    from beyondgrad import runtime
+
+    have = len(jax.devices("cpu"))
+    failed = [c for c in runtime.check_setup(have + 1) if not c.ok]
+    return failed[0].fix.replace(str(have + 1), str(runtime.BOOK_DEVICE_COUNT))
+
+
+def _install_below_floor() -> str:
+    import importlib.metadata
+    import importlib.util
+    import sys
+    import types
+
+    class Dist:
+        metadata, version = {"Name": "jax"}, "0.7.2"
+
+    saved = (importlib.util.find_spec, importlib.metadata.distributions)
+    sys.modules["google.colab"] = types.ModuleType("google.colab")
+    importlib.util.find_spec = lambda name, *a: None
+    importlib.metadata.distributions = lambda: [Dist()]
+    try:
+        exec(book.colab_install_cell(), {})
+    except SystemExit as stopped:
+        return str(stopped)
+    finally:
+        importlib.util.find_spec, importlib.metadata.distributions = saved
+        del sys.modules["google.colab"]
+    raise AssertionError("the install cell did not stop below the floor")
+
+
+def _python_loop_never_ends() -> str:
+    from beyondgrad import exercises
+
+    def endless(x):
+        while True:
+            x = x + 1
+
+    with exercises.time_limit(10):
+        return exercises.failed(exercises.call_answer(endless, 1.0))
+
+
+def _compiled_loop_message() -> str:
+    from beyondgrad import exercises
+
+    # The message the watchdog prints (running an endless compiled loop in the test
+    # would keep a core busy until the process ends; tests/test_exercises.py does not
+    # either): its wording, at the limit call_answer uses.
+    return exercises._watchdog_message("your function", exercises.TIME_LIMIT)
+
+
+FIRST_SEEN: dict[str, Callable[[], str]] = {
+    **{m.name: (lambda m=m: first_message(m.check())) for m in MISTAKES},
+    "setup-too-few-devices": _setup_too_few_devices,
+    "install-below-floor": _install_below_floor,
+    "python-loop-never-ends": _python_loop_never_ends,
+    "compiled-loop-never-ends": _compiled_loop_message,
+}
+
+
+def marked_quotes(text: str) -> list[tuple[str, str]]:
+    return [(m["name"], normalized(m["quote"])) for m in MARKER.finditer(text)]
+
+
+def test_marked_quotes_are_found():
+    text = "prints <!-- first-message: a-b --> ``x `y` z``, and <!-- first-message: c -->\n `w`"
+    assert marked_quotes(text) == [("a-b", "x `y` z"), ("c", "w")]
+
+
+MARKED = marked_quotes(GUIDE.read_text())
+
+
+def test_the_guide_marks_its_general_quotes():
+    assert {"stub", "setup-too-few-devices", "install-below-floor"} <= {
+        n for n, _ in MARKED
+    }
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name, quote", MARKED, ids=[n for n, _ in MARKED])
+def test_a_marked_quote_is_what_the_student_sees_first(name, quote):
+    assert name in FIRST_SEEN, (
+        f"instructor_guide.md marks a quote with {name!r}, which names no wrong answer "
+        "in tests/test_instructor_guide.py (a Mistake or FIRST_SEEN)"
+    )
+    seen = normalized(FIRST_SEEN[name]())
+    if name == "stub":
+        seen = re.sub(r"Exercise \d+\.\d+ \([^)]*\)", "Exercise N.k", seen)
+    assert comparable(quote) in seen, (
+        f"the guide quotes {quote!r} for {name!r}, but what the student sees first "
+        f"is:\n{seen}"
+    )

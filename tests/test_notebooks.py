@@ -264,6 +264,8 @@ _MYST = (
 A {term}`tracer` and a {term}`primal point <primal>`; see {ref}`demo-start`, and
 {ref}`this section <demo-start>`, and {numref}`fig-demo`. Ratio
 {glue:text}`ratio:.2f`, count {glue}`count`, text {glue:text}`label`, math {math}`x^2`.
+The [drift report](../drift.md#top), [chapter 0](00_setup.md), a
+[file](../benchmarks/laplacian.py), code `[x](y.md)`.
 
 ```{code-cell} ipython3
 :tags: [remove-cell]
@@ -286,6 +288,12 @@ mystnb:
     name: fig-demo
 ---
 print("a figure")
+```
+
+```{code-cell} ipython3
+:tags: [remove-input]
+
+print("a table the page shows")
 ```
 
 ```{note}
@@ -342,8 +350,21 @@ def test_notebooks_render_myst_as_markdown(myst_demo):
         assert f"[primal point]({base}glossary.html#term-primal)" in prose
         assert f"see [Where it starts]({page}#demo-start)" in prose
         assert f"[this section]({page}#demo-start)" in prose
-        assert f"[Fig. 1]({page}#fig-demo)" in prose
-        assert "Ratio\n3.14, count 7, text float32[3], math $x^2$." in prose
+        assert "and Fig. 1. Ratio" in prose  # stays inside the notebook
+        assert "Ratio\n3.14†, count 7†, text float32[3]†, math $x^2$." in prose
+        assert prose.endswith(book.build_note("test"))
+        assert f"[drift report]({base}drift.html#top)" in prose
+        assert f"[chapter 0]({base}chapters/00_setup.html)" in prose
+        url, branch = book.repository()
+        assert f"[file]({url}/blob/{branch}/benchmarks/laplacian.py)" in prose
+        assert "code `[x](y.md)`" in prose
+        (fig,) = [i for i, (_, t) in enumerate(texts) if t == 'print("a figure")']
+        assert texts[fig + 1] == ("markdown", "**Fig. 1.** A demo figure.")
+        (hidden,) = [c for c in nb["cells"] if "a table the page shows" in _source(c)]
+        assert _source(hidden).startswith(book.HIDDEN_CODE_TITLE + "\n")
+        assert hidden["metadata"]["cellView"] == "form"
+        assert "tags" not in hidden["metadata"]
+        assert reader_problems(nb, "demo") == []
         shown = "\n".join(t for kind, t in texts if kind == "markdown")
         assert f"> **Note**\n>\n> A note with a [tracer]({base}" in shown
         assert "> **Careful**\n>\n> Nested:\n> > **Tip**\n> >\n> > Inner tip." in shown
@@ -580,3 +601,129 @@ def test_self_study_notebook_runs_all_to_the_last_cell(source):
     nb = run_all_cached(source.with_suffix(".ipynb"))
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and all(c.get("execution_count") for c in code)
+
+
+# ------------------------------------------------------- notebooks speak to the reader
+#
+# Issue 34: a generated notebook is run by someone else, on another JAX and machine.
+# The static checks below read the committed notebooks; the output checks read their
+# executions (Run all with Colab's semantics, as above).
+
+#: Wording that speaks of the reader's kernel: a sentence with it that quotes a value
+#: of the build (marked ``†``) states the build's value as the reader's.
+BUILD_AS_READERS = re.compile(
+    r"\bthis kernel\b|\bon this machine\b|\bthis JAX \(|\bon this JAX\b"
+    r"|\bthis JAX,|\bthe running JAX,? \d",
+    re.I,
+)
+#: A glue line as the old runtime.glue printed it on Colab: ``name = value``.
+GLUE_LINE = re.compile(r"^[a-z_][a-z0-9_]* = \S", re.M)
+#: Paths of the machine that executed the notebook, and ipykernel's cell file names.
+MACHINE_PATH = re.compile(
+    r"/root/|/work/|/home/\w+/|site-packages/|dist-packages/|ipykernel_\d+"
+    r"|(?<![\w/.<])\d{6,}\.py:\d+"
+)
+RELATIVE_LINK = re.compile(r"!?\[[^\[\]]*\]\((?![a-zA-Z][\w+.-]*:|#)([^()\s]+)\)")
+
+
+def _notebook_paths(source: Path) -> list[Path]:
+    return [source.with_suffix(".ipynb"), book.student_path(source)]
+
+
+def _prose(cell: dict) -> str:
+    return book.CODE_SPAN.sub("", _source(cell))
+
+
+def reader_problems(nb: dict, name: str) -> list[str]:
+    """What a generated notebook shows its reader that was meant for the build."""
+    found = []
+    for i, cell in enumerate(nb["cells"]):
+        where = f"{name} cell {i}"
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] == "markdown":
+            text = _prose(cell)
+            found += [
+                f"{where}: relative link {m}" for m in RELATIVE_LINK.findall(text)
+            ]
+            for sentence in re.split(r"(?<=[.:;!?])\s+", text.replace("\n", " ")):
+                if BUILD_AS_READERS.search(sentence) and book.BUILD_MARK in sentence:
+                    found.append(f"{where}: build's value as the reader's: {sentence}")
+            continue
+        if book.REMOVE_TAG in tags:
+            found.append(f"{where}: build-only cell (remove-cell)")
+        meta = cell.get("metadata", {})
+        if "remove-input" in tags or (
+            _source(cell).startswith(book.HIDDEN_CODE_TITLE)
+            and meta.get("cellView") != "form"
+        ):
+            found.append(f"{where}: build code shown (remove-input, not a form)")
+        for out in cell.get("outputs", []):
+            text = out.get("text") or "".join(
+                v if isinstance(v, str) else "".join(v)
+                for k, v in out.get("data", {}).items()
+                if k.startswith("text/")
+            )
+            text = text if isinstance(text, str) else "".join(text)
+            if out.get("output_type") == "error":
+                text = out.get("evalue", "")
+            for m in GLUE_LINE.finditer(text):
+                found.append(f"{where}: glue line {text[m.start() : m.end() + 20]!r}")
+            for m in MACHINE_PATH.finditer(text):
+                found.append(
+                    f"{where}: path {text[max(0, m.start() - 40) : m.end() + 20]!r}"
+                )
+    return found
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=IDS)
+def test_generated_notebooks_speak_to_the_reader(source):
+    """No relative link, no build-only cell, no build code shown, no sentence stating
+    the build's value as the reader's, in the committed notebooks."""
+    problems = []
+    for path in _notebook_paths(source):
+        problems += reader_problems(json.loads(path.read_text()), path.name)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("source", SOURCES, ids=IDS)
+def test_run_all_outputs_speak_to_the_reader(source):
+    """The self-study notebook run as Colab's Run all does: no ``name = value`` glue
+    line, no path of this machine, no ipykernel temp name in any output."""
+    nb = run_all_cached(source.with_suffix(".ipynb"))
+    problems = [
+        p
+        for p in reader_problems(json.loads(json.dumps(nb)), source.name)
+        if ": glue line" in p or ": path" in p
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_reader_problems_finds_each_kind():
+    """The checker of the two tests above, on one notebook with each defect."""
+    nb = {
+        "cells": [
+            {"cell_type": "markdown", "metadata": {},
+             "source": "See [drift](../drift.md); `[x](y.md)` is code."},
+            {"cell_type": "markdown", "metadata": {},
+             "source": "This JAX (0.12.0.1†) accepts it; on this machine 3x†. "
+                       "The cell records what this kernel does."},
+            {"cell_type": "code", "metadata": {"tags": ["remove-cell"]},
+             "source": "glue('a', 1)", "outputs": []},
+            {"cell_type": "code", "metadata": {"tags": ["remove-input"]},
+             "source": "x", "outputs": []},
+            {"cell_type": "code", "metadata": {}, "source": "f()", "outputs": [
+                {"output_type": "stream", "name": "stdout",
+                 "text": "bwd_flat = 4.99\n"},
+                {"output_type": "stream", "name": "stderr",
+                 "text": "at /usr/lib/python3/site-packages/jax/_src/x.py:3\n"
+                         "TRACING CACHE MISS at 3738211955.py:9:11\n"},
+            ]},
+        ]
+    }  # fmt: skip
+    said = "\n".join(reader_problems(nb, "nb"))
+    assert "relative link ../drift.md" in said and "y.md" not in said
+    assert said.count("build's value as the reader's") == 2
+    assert "build-only cell" in said and "build code shown" in said
+    assert "glue line 'bwd_flat = 4.99" in said
+    assert "site-packages" in said and "3738211955.py:9" in said

@@ -130,3 +130,32 @@ def test_package_frames_are_the_readers_too():
     assert raises._is_readers_frame("/tmp/ipykernel_1/2.py")
     assert not raises._is_readers_frame(pytest.__file__)  # an installed library
     assert not raises._is_readers_frame("<frozen runpy>")
+
+
+@pytest.mark.parametrize(
+    "shown, readable",
+    [
+        ("TRACING CACHE MISS at /tmp/ipykernel_812/3738211955.py:9:11 because",
+         "TRACING CACHE MISS at <cell>:9:11 because"),
+        ("at 3738211955.py:9:11", "at <cell>:9:11"),
+        ("/usr/lib/python3.12/site-packages/jax/_src/numpy/lax_numpy.py:3186",
+         "jax/_src/numpy/lax_numpy.py:3186"),
+        ('File "/work/x/src/beyondgrad/exercises/ch1.py", line 78',
+         'File "beyondgrad/exercises/ch1.py", line 78'),
+        ("<ipython-input-4-1a2b>", "<cell>"),
+        ("see jax/_src/pjit.py:12 and 2.5", "see jax/_src/pjit.py:12 and 2.5"),
+    ],
+)  # fmt: skip
+def test_readable_paths(shown, readable):
+    assert raises.readable_paths(shown) == readable
+
+
+def test_readable_paths_filter_rewrites_log_records():
+    import logging
+
+    record = logging.LogRecord(
+        "jax._src.pjit", logging.WARNING, "x", 1,
+        "MISS at %s:9:11", ("/tmp/ipykernel_1/123456789.py",), None,
+    )  # fmt: skip
+    assert raises.ReadablePaths().filter(record)
+    assert record.getMessage() == "MISS at <cell>:9:11"

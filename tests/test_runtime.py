@@ -126,7 +126,9 @@ def test_ensure_cpu_devices_in_a_fresh_process_creates_exactly_n():
     assert out.stdout.split() == ["3", "3"]
 
 
-def test_glue_prints_without_myst_nb(monkeypatch, capsys):
+def test_glue_without_myst_nb_prints_no_name_value_line(monkeypatch, capsys):
+    """On Colab (no myst-nb) a hidden glue prints nothing and a shown one shows the
+    value itself, as myst-nb does: never a ``name = value`` line to decode."""
     import builtins
 
     real_import = builtins.__import__
@@ -138,7 +140,9 @@ def test_glue_prints_without_myst_nb(monkeypatch, capsys):
 
     monkeypatch.setattr(builtins, "__import__", no_myst_nb)
     runtime.glue("ratio", 2.5, display=False)
-    assert capsys.readouterr().out == "ratio = 2.5\n"
+    assert capsys.readouterr().out == ""
+    runtime.glue("ratio", 2.5)
+    assert capsys.readouterr().out == "2.5\n"
 
 
 def test_check_my_jax_lists_exactly_the_recorded_differences():

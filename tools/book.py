@@ -93,30 +93,74 @@ def package_spec() -> str:
     return f"beyondgrad[chapters] @ git+{url}@{branch}"
 
 
+def chapters_extra() -> dict[str, str]:
+    """``{name: lowest version}`` of the ``chapters`` extra (all ``name>=X`` in
+    ``pyproject.toml``): what the install cell adds where Colab lacks it."""
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["chapters"]
+    found = {}
+    for dep in extra:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9.]+)", dep.strip())
+        if not m:
+            raise RuntimeError(f"the chapters extra must list name>=X, got {dep!r}")
+        found[m.group(1).lower()] = m.group(2)
+    return found
+
+
+def local_install_line() -> str:
+    """The command that installs the helper package from the book's repository."""
+    url, branch = repository()
+    return f'pip install "beyondgrad[chapters] @ git+{url}@{branch}"'
+
+
 def colab_install_cell() -> str:
     """The first code cell of every chapter (generated; a test keeps chapters in sync).
 
     ``python3 dev.py sync`` writes it into each chapter's source (:func:`sync_install_cell`).
-    Every line fits 78 columns, like every other code line on the book's pages.
+    On Colab it (1) stops with one sentence when the runtime's JAX is older than the
+    floor (which JAX, the floor, the command that fixes it) before pip runs; (2) pins
+    every installed distribution with a pip constraint, so that installing adds
+    packages and replaces none (Colab's JAX and its widget manager included); (3) adds
+    of the ``chapters`` extra only what is missing, keeping (and saying so) an installed
+    package older than the extra asks for. Every line fits 78 columns.
     """
     url, branch = repository()
-    return f"""# On Colab: install the book's helper package. Colab's own JAX stays as
-# it is: every installed jax* package is pinned with a pip constraint.
+    extra = ", ".join(f'"{n}": "{v}"' for n, v in chapters_extra().items())
+    return f"""# On Colab: install the book's helper package. Nothing Colab installed is
+# replaced: every installed package is pinned with a pip constraint.
 # Elsewhere this cell does nothing.
-import importlib.metadata, importlib.util, subprocess, sys
+import importlib.metadata as md, importlib.util, re, subprocess, sys
 on_colab = "google.colab" in sys.modules
 if on_colab and importlib.util.find_spec("beyondgrad") is None:
-    keep = sorted({{
-        f"{{d.metadata['Name']}}=={{d.version}}"
-        for d in importlib.metadata.distributions()
-        if d.metadata["Name"].lower().startswith(("jax", "libtpu"))
-    }})
-    with open("/tmp/keep-colab-jax.txt", "w") as f:
-        f.write("\\n".join(keep) + "\\n")
+    def older(have, need):  # version strings, compared on their numbers
+        nums = lambda v: tuple(int(x) for x in re.findall(r"\\d+", v)[:3])
+        return nums(have) < nums(need)
+    have = {{}}
+    for d in md.distributions():
+        if d.metadata["Name"]:
+            name = re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower()
+            have.setdefault(name, d.version)
+    floor, jax = "{jax_floor()}", have.get("jax", "0")
+    if older(jax, floor):
+        plat = ("[cuda12]" if "jax-cuda12-plugin" in have
+                else "[tpu]" if "libtpu" in have else "")
+        raise SystemExit(
+            f"This runtime has JAX {{jax}}, older than the {{floor}} the book "
+            f"needs: run `!pip install -U 'jax{{plat}}>={{floor}}'` in a cell, "
+            "then Runtime > Restart session, and run this notebook again.")
+    with open("/tmp/keep-colab.txt", "w") as f:
+        f.write("".join(f"{{n}}=={{v}}\\n" for n, v in sorted(have.items())))
+    extra = {{{extra}}}
+    add = [f"{{n}}>={{v}}" for n, v in extra.items()
+           if n not in have or not older(have[n], v)]
+    for n in sorted(set(extra) - {{a.split(">")[0] for a in add}}):
+        print(f"Keeping Colab's {{n}} {{have[n]}} (the book is tested with "
+              f"{{extra[n]}} or newer; a few outputs may look different).")
     repo = "git+{url}@{branch}"
     pip = [sys.executable, "-m", "pip", "install", "-q"]
-    pip += ["--constraint", "/tmp/keep-colab-jax.txt"]
-    subprocess.run([*pip, f"beyondgrad[chapters] @ {{repo}}"], check=True)"""
+    pip += ["--constraint", "/tmp/keep-colab.txt"]
+    subprocess.run([*pip, f"beyondgrad @ {{repo}}", *add], check=True)"""
 
 
 def sync_install_cell(source: Path) -> bool:
@@ -278,7 +322,18 @@ def _as_json(nb) -> dict:
 # * admonitions become block quotes with a bold title, ``{figure}`` an image,
 #   ``{math}`` blocks ``$$ ... $$``, code blocks fenced code, label lines disappear;
 # * code cells tagged ``remove-cell`` (build-only: glue, build asserts) are left out,
-#   except a cell that only imports (a later cell may use the name).
+#   except a cell that only imports (a later cell may use the name); cells tagged
+#   ``remove-input`` become collapsed Colab forms (:func:`reader_cell`).
+#
+# The notebooks speak to the person running them:
+#
+# * every glued value is the build's, so it is marked ``†`` and its cell ends with a
+#   line saying so (:func:`build_note`);
+# * relative Markdown links (``../drift.md``, ``04_shard_map_vma.md#x``) point at the
+#   online book, other relative files at the repository on GitHub (:func:`_render_link`);
+# * a figure's caption (``mystnb: figure:`` metadata, read only by the build) is a
+#   markdown cell under the figure, ``**Fig. N.** ...``, and ``{numref}`` of it is the
+#   plain ``Fig. N`` (:func:`figure_caption_cell`), so the reference stays in the notebook.
 
 REMOVE_TAG = "remove-cell"
 #: MyST left raw: a role (``{name}`text```) or a directive fence (```{name}``, :::{name}).
@@ -475,6 +530,8 @@ def _figure_numbers(nb) -> dict[str, str]:
                     numbers[nm.group(1)] = f"Fig. {n}"
         if named and fig.get("caption"):
             numbers[named] = f"Fig. {n}"
+        if cell.cell_type == "code" and fig.get("caption") and "id" in cell:
+            numbers[f"#cell:{cell['id']}"] = f"Fig. {n}"
     return numbers
 
 
@@ -496,7 +553,7 @@ def _render_role(m: re.Match, links: Links, glue: dict) -> str:
                 f"{glue_path(links.source).relative_to(ROOT).as_posix()} does not "
                 "record: run `python3 dev.py sync` (it executes the chapter if needed)"
             )
-        return format_glue(glue[key], role, body)
+        return format_glue(glue[key], role, body) + BUILD_MARK
     if role == "term":
         term = links.terms.get(target.strip().lower())
         if term is None:
@@ -511,9 +568,9 @@ def _render_role(m: re.Match, links: Links, glue: dict) -> str:
     if role in ("ref", "numref"):
         label = target.strip()
         if role == "numref" and label in links.figures:
-            shown = (title or "%s").replace("%s", links.figures[label])
-            doc = links.source.relative_to(ROOT).with_suffix("").as_posix()
-            return f"[{shown}]({links.page(doc, _anchor(label))})"
+            # the notebook shows "Fig. N" under the figure (figure_caption_cell): the
+            # reference stays inside the notebook
+            return (title or "%s").replace("%s", links.figures[label])
         if label not in links.labels:
             raise ValueError(f"{links.source.name}: no label ({label})= in the book")
         doc, section = links.labels[label]
@@ -603,11 +660,90 @@ def _render_blocks(lines: list[str], links: Links) -> list[str]:
     return out
 
 
-def reader_markdown(text: str, links: Links, glue: dict) -> str:
-    """A MyST markdown cell as plain Markdown for Jupyter and Colab."""
+#: Marks a glued value in a notebook: it is the build's, not the reader's (build_note).
+BUILD_MARK = "†"
+#: A Markdown link or image whose target has no scheme: ``[text](../drift.md#x)``.
+MD_LINK = re.compile(r"(?P<bang>!?)\[(?P<text>[^\[\]]*)\]\((?P<target>[^()\s]+)\)")
+#: Inline code and fenced code blocks: their text is shown as it is.
+CODE_SPAN = re.compile(r"(`{3,}|~{3,}).*?\1|(`+)[^`].*?\2|``", re.S)
+#: Cell tags whose code is build-only (the page hides the cell, or its code).
+BUILD_ONLY_TAGS = (REMOVE_TAG, "remove-input")
+#: Colab form title of a cell whose code the page hides but whose output it shows.
+HIDDEN_CODE_TITLE = "#@title Run to show what the online page shows here (code hidden)"
+
+
+def build_note(built_with: str) -> str:
+    """The line ending a notebook cell that quotes glued values (:data:`BUILD_MARK`)."""
+    run = built_with.removeprefix("jax ").split(",")
+    jax = f"JAX {run[0].strip()}" if run and run[0].strip() else "its JAX"
+    where = f" on {run[1].strip().upper()}" if len(run) > 1 and run[1].strip() else ""
+    return (
+        f"*{BUILD_MARK} As recorded when the online book was built ({jax}{where}); "
+        "your run prints its own.*"
+    )
+
+
+def _outside_code(text: str, fn) -> str:
+    """``fn`` applied to the parts of ``text`` outside code spans and blocks."""
+    out, at = [], 0
+    for m in CODE_SPAN.finditer(text):
+        out += [fn(text[at : m.start()]), m.group(0)]
+        at = m.end()
+    return "".join([*out, fn(text[at:])])
+
+
+def _render_link(m: re.Match, links: Links) -> str:
+    """A relative Markdown link or image as an absolute one that works from Colab:
+    a page of the book (``.md``/``.ipynb``, or an anchor of this page) goes to the
+    online book, any other file to the repository on GitHub."""
+    target = m["target"]
+    if re.match(r"[a-zA-Z][\w+.-]*:|/", target):
+        return m.group(0)  # absolute already (https:, mailto:, /...)
+    path, _, anchor = target.partition("#")
+    here = links.source.parent
+    if not path:
+        doc = links.source.relative_to(ROOT).with_suffix("").as_posix()
+        return f"{m['bang']}[{m['text']}]({links.page(doc, anchor)})"
+    resolved = (here / path).resolve()
+    try:
+        rel = resolved.relative_to(ROOT)
+    except ValueError:
+        raise ValueError(
+            f"{links.source.name}: the link target {target!r} is outside the book"
+        ) from None
+    if rel.suffix in (".md", ".ipynb") and not m["bang"]:
+        url = links.page(rel.with_suffix("").as_posix(), anchor)
+    else:
+        url, branch = repository()
+        kind = "raw" if m["bang"] else "blob"
+        if kind == "raw":
+            url = url.replace(
+                "https://github.com/", "https://raw.githubusercontent.com/"
+            )
+            url = f"{url}/{branch}/{rel.as_posix()}"
+        else:
+            url = f"{url}/blob/{branch}/{rel.as_posix()}" + (
+                f"#{anchor}" if anchor else ""
+            )
+    return f"{m['bang']}[{m['text']}]({url})"
+
+
+def reader_markdown(text: str, links: Links, glue: dict, built_with: str = "") -> str:
+    """A MyST markdown cell as plain Markdown for Jupyter and Colab.
+
+    Each glued value is marked :data:`BUILD_MARK`, and a cell that shows one ends with
+    a line saying whose value it is (:func:`build_note`: the run that built the online
+    book, ``built_with``), so the reader never takes it for their own.
+    """
     lines = _render_blocks(text.splitlines(), links)
     rendered = ROLE.sub(lambda m: _render_role(m, links, glue), "\n".join(lines))
-    return re.sub(r"\n{3,}", "\n\n", rendered).strip("\n")
+    rendered = _outside_code(
+        rendered, lambda t: MD_LINK.sub(lambda m: _render_link(m, links), t)
+    )
+    rendered = re.sub(r"\n{3,}", "\n\n", rendered).strip("\n")
+    if BUILD_MARK in rendered:
+        rendered += "\n\n" + build_note(built_with)
+    return rendered
 
 
 def links_for(source: Path, nb) -> Links:
@@ -626,25 +762,81 @@ def only_imports(code: str) -> bool:
     return bool(body) and all(isinstance(n, ast.Import | ast.ImportFrom) for n in body)
 
 
+def reader_cell(cell):
+    """A chapter cell as the notebooks carry it, or None when it is build-only.
+
+    * tagged ``remove-cell`` (glue, build asserts): left out, except a cell that only
+      imports (a later cell may use the name), kept without its comments and tags;
+    * tagged ``remove-input`` (the page shows its output, a table drawn from recorded
+      data, and hides its code): a collapsed Colab form, so the notebook shows what the
+      page shows without the build's code;
+    * any other cell as it is (``remove-output`` hides a widget from the static page;
+      in a notebook the widget is the point).
+    """
+    tags = cell.metadata.get("tags", [])
+    if cell.cell_type != "code" or not (set(tags) & set(BUILD_ONLY_TAGS)):
+        return cell
+    if is_solution(cell):
+        return cell
+    if REMOVE_TAG in tags:
+        if not only_imports(cell.source):
+            return None
+        lines = cell.source.splitlines()
+        cell.source = "\n".join(x for x in lines if not x.lstrip().startswith("#"))
+    else:
+        cell.source = f"{HIDDEN_CODE_TITLE}\n{cell.source}"
+        cell.metadata["cellView"] = "form"
+        cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+    cell.metadata["tags"] = [t for t in tags if t not in BUILD_ONLY_TAGS]
+    if not cell.metadata["tags"]:
+        del cell.metadata["tags"]
+    return cell
+
+
+def figure_caption_cell(cell, links: Links, glue: dict, built_with: str = ""):
+    """The markdown cell shown under a captioned figure cell (``mystnb: figure:``
+    metadata, which only the book's build reads), or None: ``**Fig. N.** caption``."""
+    if cell.cell_type != "code":
+        return None
+    fig = cell.metadata.get("mystnb", {}).get("figure", {})
+    caption = fig.get("caption")
+    if not caption:
+        return None
+    import nbformat
+
+    number = links.figures.get(fig.get("name", ""), "")
+    if not number:  # an unnamed figure: count it like Sphinx does
+        number = _unnamed_figure_number(cell, links)
+    text = reader_markdown(str(caption), links, glue, built_with)
+    out = nbformat.v4.new_markdown_cell(f"**{number}.** {text}" if number else text)
+    out["id"] = f"{cell['id']}-caption"
+    return out
+
+
+def _unnamed_figure_number(cell, links: Links) -> str:
+    return links.figures.get(f"#cell:{cell['id']}", "")
+
+
 def for_readers(nb, source: Path):
-    """The chapter notebook ``nb`` as its readers get it: build-only cells (tagged
-    ``remove-cell``, unless they only import) left out, markdown rendered (:func:`reader_markdown`) with the recorded glued values."""
+    """The chapter notebook ``nb`` as its readers get it (:func:`reader_cells`)."""
     links = links_for(source, nb)
-    glue = recorded_glue(source)["values"]
+    record = recorded_glue(source)
+    built_with = record.get("run", "")
     cells = []
     for cell in nb.cells:
-        tags = cell.metadata.get("tags", [])
-        if REMOVE_TAG in tags and not only_imports(cell.source):
+        kept = reader_cell(cell)
+        if kept is None:
             continue
-        if REMOVE_TAG in tags:  # an import: later cells may use what it imports
-            cell.metadata["tags"] = [t for t in tags if t != REMOVE_TAG]
-            if not cell.metadata["tags"]:
-                del cell.metadata["tags"]
-        if cell.cell_type == "markdown":
-            cell.source = reader_markdown(cell.source, links, glue)
-            if not cell.source.strip():
+        if kept.cell_type == "markdown":
+            kept.source = reader_markdown(
+                kept.source, links, record["values"], built_with
+            )
+            if not kept.source.strip():
                 continue
-        cells.append(cell)
+        cells.append(kept)
+        caption = figure_caption_cell(kept, links, record["values"], built_with)
+        if caption is not None:
+            cells.append(caption)
     nb.cells = cells
     return nb
 

@@ -36,17 +36,27 @@ from typing import IO, Any
 
 __all__ = [
     "ExpectedErrorMissing",
+    "ReadablePaths",
     "expect_error",
     "format_error",
     "load_ipython_extension",
+    "readable_paths",
     "resolve_exception",
 ]
 
 #: Width of the printed message: the book's content column fits about 78 characters.
 WIDTH = 78
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-#: Names that IPython and ipykernel give cells in messages (machine-specific paths).
-_CELL_FILE = re.compile(r"/tmp/ipykernel_\d+/\d+\.py|<ipython-input-[\w-]+>")
+#: Names that IPython and ipykernel give cells in messages (machine-specific paths):
+#: ``/tmp/ipykernel_123/3738211955.py``, its file name alone, ``<ipython-input-4-…>``.
+_CELL_FILE = re.compile(
+    r"(?:\S*/ipykernel_\d+/|(?<![\w/.]))\d{6,}\.py\b|<ipython-input-[\w-]+>"
+)
+#: The folder part of an installed package's path (``…/site-packages/``) or of this
+#: package's source tree (``…/src/`` before ``beyondgrad/``).
+_INSTALL_PREFIX = re.compile(
+    r"(?:[^\s\"'()<>:]*/)?(?:site|dist)-packages/|[^\s\"'()<>:]*/src/(?=beyondgrad/)"
+)
 
 
 class ExpectedErrorMissing(AssertionError):
@@ -87,6 +97,31 @@ def resolve_exception(name: str, namespace: dict[str, Any]) -> type[BaseExceptio
     if not (isinstance(obj, type) and issubclass(obj, BaseException)):
         raise ValueError(f"%%raises {name}: {obj!r} is not an exception class")
     return obj
+
+
+def readable_paths(text: str) -> str:
+    """``text`` with the paths only this machine has made readable anywhere.
+
+    An installed package's file is shown from the package on
+    (``…/site-packages/jax/_src/numpy/lax_numpy.py`` becomes
+    ``jax/_src/numpy/lax_numpy.py``; ``…/src/beyondgrad/x.py``, ``beyondgrad/x.py``),
+    and a notebook cell's temporary file (``/tmp/ipykernel_7/3738211955.py``, or its
+    name alone) becomes ``<cell>``. Line and column numbers are kept.
+    """
+    return _CELL_FILE.sub("<cell>", _INSTALL_PREFIX.sub("", text))
+
+
+class ReadablePaths:
+    """A :mod:`logging` filter that applies :func:`readable_paths` to each record's
+    message (JAX's ``jax_explain_cache_misses`` and ``jax_log_compiles`` messages
+    name cells and files by their paths on this machine)."""
+
+    def filter(self, record: Any) -> bool:
+        message = record.getMessage()
+        readable = readable_paths(message)
+        if readable != message:
+            record.msg, record.args = readable, None
+        return True
 
 
 def _is_readers_frame(filename: str) -> bool:
@@ -147,7 +182,7 @@ def format_error(error: BaseException, *, expected: str | None = None) -> str:
         out.append("  (none: the error was raised inside JAX)")
     module = cls.__module__
     full = expected or (qualname if module == "builtins" else f"{module}.{qualname}")
-    out.append(_wrap(_CELL_FILE.sub("<cell>", f"{full}: {error}")))
+    out.append(_wrap(readable_paths(f"{full}: {error}")))
     return "\n".join(out)
 
 
@@ -200,7 +235,18 @@ def _raises_magic(shell: Any, line: str, cell: str) -> None:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext beyondgrad.raises``: register the ``%%raises`` cell magic."""
+    """``%load_ext beyondgrad.raises``: register the ``%%raises`` cell magic, and make
+    log messages show paths as :func:`readable_paths` does (a :class:`ReadablePaths`
+    filter on the handlers that print JAX's warnings in a notebook: the ``jax`` and
+    root loggers' handlers and logging's last-resort handler)."""
+    import logging
+
+    handlers = [*logging.getLogger("jax").handlers, *logging.getLogger().handlers]
+    for where in [*handlers, logging.lastResort]:
+        if where is not None and not any(
+            isinstance(f, ReadablePaths) for f in where.filters
+        ):
+            where.addFilter(ReadablePaths())
 
     def raises(line: str, cell: str) -> None:
         """%%raises ClassName: the cell must raise exactly that class; show the error

@@ -42,8 +42,11 @@ BOOK_DEVICE_COUNT = 8
 def glue(name: str, value: object, display: bool = True) -> None:
     """Make ``value`` available to the prose as ``{glue}`name```: myst-nb's ``glue``.
 
-    The built book reads glued values from the executed notebook; where myst-nb is not
-    installed (Colab) the value is printed instead, so the reader still sees the number.
+    The built book reads glued values from the executed notebook. Where myst-nb is not
+    installed (Colab) nothing is printed for ``display=False``: the notebook's prose
+    quotes the build's value, marked as the build's (``tools/book.py``), and the cell's
+    own printed output is the reader's; ``display=True`` shows the value itself, as
+    myst-nb does, never a ``name = value`` line.
     Raises ``TypeError``/``ValueError`` when ``name`` is not a non-empty str.
     """
     if not isinstance(name, str):
@@ -56,7 +59,10 @@ def glue(name: str, value: object, display: bool = True) -> None:
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
-        print(f"{name} = {value}")
+        if display:
+            from IPython.display import display as show
+
+            show(value)
         return
     myst_glue(name, value, display=display)
 

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondgrad import compat
+from beyondgrad.raises import readable_paths
 
 __all__ = [
     "BASE_TRANSFORMATIONS",
@@ -701,7 +702,7 @@ _LOG_ID = re.compile(r" id=\d+")
 def format_log(messages: Sequence[str], width: int = 78) -> str:
     """JAX's log messages, readable on a page of ``width`` columns.
 
-    File paths are cut to the file name, object ids (``id=140...``, different on
+    File paths are cut to the file name (a notebook cell's to ``<cell>``), object ids (``id=140...``, different on
     every run) are dropped, and long lines are wrapped with their indentation kept.
     Messages are separated by a blank line.
     """
@@ -715,7 +716,8 @@ def format_log(messages: Sequence[str], width: int = 78) -> str:
     blocks = []
     for message in messages:
         lines = []
-        for line in _LOG_ID.sub("", _LOG_PATH.sub(r"\1", str(message))).splitlines():
+        shown = _LOG_PATH.sub(r"\1", readable_paths(str(message)))
+        for line in _LOG_ID.sub("", shown).splitlines():
             indent = line[: len(line) - len(line.lstrip())]
             lines += textwrap.wrap(
                 line, width, subsequent_indent=indent + "  ", break_on_hyphens=False

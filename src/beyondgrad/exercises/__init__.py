@@ -13,6 +13,21 @@ from the pieces here:
   the largest relative error with the dtype of both sides.
 * :func:`verdict` turns a list of problems into a :class:`Feedback`.
 
+Policies every checker shares:
+
+* **Time limit.** :func:`call_answer` gives the student's function :data:`TIME_LIMIT`
+  seconds (:func:`time_limit`). A Python-level loop that does not end is interrupted
+  (a ``SIGALRM`` timer in the main thread) and reported as a failure naming the limit.
+  Compiled code cannot be interrupted: a ``lax.while_loop`` whose condition never turns
+  false blocks inside XLA, where neither the timer nor *Interrupt execution* reaches it;
+  after the limit a watchdog thread prints what happened and how to recover (restart
+  the runtime), and the checker returns when XLA does, that is never.
+* **Drawn cases.** :func:`case_rng` draws fresh cases at every check; no seed is
+  printed, so a student cannot replay a draw to fit it. A checker's ``seed=`` keyword,
+  where it has one, is for tests and for a student who asks for a repeatable run.
+* **Return kind.** :func:`tree_mismatches` names a returned function, ``None`` or a
+  non-numeric object before comparing shapes (:func:`return_kind_problem`).
+
 A :class:`Feedback` prints as ``✓`` / ``✗`` / ``…`` lines. With ``strict=True`` (what
 the book's executed solution cells use) a wrong *or unattempted* answer raises
 :class:`ExerciseFailed`, so a broken solution fails the book build; without it the
@@ -21,8 +36,12 @@ checker only prints, so a student notebook runs top to bottom with the stubs unf
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -30,9 +49,11 @@ import numpy as np
 
 __all__ = [
     "NOT_ATTEMPTED",
+    "TIME_LIMIT",
     "ExerciseFailed",
     "Feedback",
     "call_answer",
+    "case_rng",
     "check_allclose",
     "early_verdict",
     "given_answer",
@@ -40,12 +61,17 @@ __all__ = [
     "failed",
     "is_stub",
     "require_callable",
+    "return_kind_problem",
+    "time_limit",
     "tree_mismatches",
     "verdict",
 ]
 
 #: The message every checker prints for an exercise whose stub is still in place.
 NOT_ATTEMPTED = "not attempted yet: replace `raise NotImplementedError` with your code"
+
+#: Seconds a student's function may run in one call from a checker (:func:`time_limit`).
+TIME_LIMIT = 10.0
 
 #: Longest exception message kept in feedback (characters, lines).
 _MAX_CHARS, _MAX_LINES = 1200, 12
@@ -87,11 +113,103 @@ class _Failure:
 
 
 def _trim(text: str) -> str:
-    lines = text.strip().splitlines()
+    from beyondgrad.raises import readable_paths
+
+    lines = readable_paths(text).strip().splitlines()
     if len(lines) > _MAX_LINES:
         lines = [*lines[:_MAX_LINES], f"... ({len(lines) - _MAX_LINES} more lines)"]
     out = "\n    ".join(lines)
     return out if len(out) <= _MAX_CHARS else out[: _MAX_CHARS - 4] + " ..."
+
+
+#: The limits of the :func:`time_limit` blocks running now (main thread), outermost first.
+_LIMITS: list[float] = []
+
+
+class _OutOfTime(BaseException):
+    """Raised into the student's code by :func:`time_limit`'s timer (a BaseException,
+    so that the student's ``except Exception`` does not swallow it)."""
+
+
+def _out_of_time_message(what: str, seconds: float) -> str:
+    return (
+        f"{what} did not return within {seconds:g} s and was stopped: does a loop "
+        "never end (a while loop without an iteration cap, a tolerance it cannot "
+        "reach)?"
+    )
+
+
+def _watchdog_message(what: str, seconds: float) -> str:
+    return (
+        f"{what} has run for {seconds:g} s inside compiled code (for example a "
+        "lax.while_loop whose condition never becomes false), which nothing can "
+        "interrupt, not even Interrupt execution. Restart the runtime (Colab: Runtime > "
+        "Restart session; Jupyter: Kernel > Restart), rerun the chapter's first cells, "
+        "and make the loop end (bound its iterations)."
+    )
+
+
+@contextlib.contextmanager
+def time_limit(
+    seconds: float = TIME_LIMIT, *, what: str = "your function"
+) -> Iterator[None]:
+    """Stop the ``with`` body after ``seconds``: raises ``TimeoutError`` naming ``what``.
+
+    Python code is interrupted by a ``SIGALRM`` timer (main thread only; elsewhere, and
+    where the platform has no ``SIGALRM``, the body runs unlimited). Compiled code
+    blocks inside XLA, where no signal is delivered until it returns: after the limit a
+    watchdog thread prints :func:`_watchdog_message` to stderr instead, once. Inside
+    another ``time_limit`` the outer one governs: a checker whose right answers take
+    longer (a large compile) wraps its calls in ``time_limit(60)``, and the
+    :func:`call_answer` calls inside keep that limit.
+    """
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or seconds <= 0
+    ):
+        raise ValueError(f"seconds must be a positive number, got {seconds!r}")
+    main = threading.current_thread() is threading.main_thread()
+    if not main or not hasattr(signal, "setitimer"):
+        yield
+        return
+    if _LIMITS:  # an enclosing limit governs
+        yield
+        return
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise _OutOfTime
+
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds + 1.0):
+            print(_watchdog_message(what, seconds), file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    threading.Thread(target=watch, daemon=True).start()
+    _LIMITS.append(seconds)
+    try:
+        yield
+    except _OutOfTime:
+        raise TimeoutError(_out_of_time_message(what, seconds)) from None
+    finally:
+        _LIMITS.pop()
+        done.set()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def case_rng(seed: int | None = None) -> np.random.Generator:
+    """The random generator a checker draws its cases from: fresh entropy at every
+    check (``seed=None``), so no printed seed lets a student replay a draw; a given
+    ``seed`` (tests, or a student who asks for a repeatable run) reproduces it."""
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int | np.integer)
+    ):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    return np.random.default_rng(seed)
 
 
 def require_callable(fn: Any, what: str = "your function") -> str | None:
@@ -113,7 +231,14 @@ def call_answer(fn: Any, *args: Any, what: str = "your function", **kwargs: Any)
     if msg:
         return _Failure(msg)
     try:
-        return fn(*args, **kwargs)
+        with time_limit(TIME_LIMIT, what=what):
+            return fn(*args, **kwargs)
+    except _OutOfTime:  # an enclosing time_limit's timer fired in the student's code
+        return _Failure(_out_of_time_message(what, _LIMITS[0] if _LIMITS else 0))
+    except TimeoutError as e:
+        if "did not return within" in str(e):
+            return _Failure(str(e))
+        return _Failure(f"{what} raised TimeoutError: {_trim(str(e))}")
     except NotImplementedError as e:
         if not str(e):  # the bare `raise NotImplementedError` of the exercise stub
             return _Failure(NOT_ATTEMPTED, stub=True)
@@ -180,6 +305,9 @@ def tree_mismatches(
     """
     if rtol < 0 or atol < 0:
         raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol}, atol={atol}")
+    kind = return_kind_problem(answer, reference, name=name)
+    if kind:
+        return [kind]
     a_leaves, a_def = jax.tree_util.tree_flatten(answer)
     r_leaves, r_def = jax.tree_util.tree_flatten(reference)
     if a_def != r_def:
@@ -256,6 +384,41 @@ def tree_mismatches(
                 f"allowed {atol:g} + {rtol:g}*|expected|"
             )
     return problems
+
+
+def _kind_of(x: Any) -> str | None:
+    """What a returned value is, when it is not something numeric to compare."""
+    if x is None:
+        return "None (does your function end without `return`?)"
+    if isinstance(
+        x, jax.Array | np.ndarray | np.generic | bool | int | float | complex
+    ):
+        return None
+    if callable(x):
+        name = getattr(x, "__name__", type(x).__name__)
+        return (
+            f"a function ({name}), not its value: call it, or return what it computes"
+        )
+    if isinstance(x, str | bytes):
+        return f"a {type(x).__name__} ({str(x)[:40]!r}), not a number or array"
+    return None
+
+
+def return_kind_problem(
+    answer: Any, reference: Any, *, name: str = "answer"
+) -> str | None:
+    """A message when ``answer`` (or a leaf of it) is of the wrong kind altogether: a
+    function, ``None`` or a string where ``reference`` holds numbers; else None."""
+    kind = _kind_of(answer)
+    if kind and _kind_of(reference) is None:
+        return f"{name} is {kind}"
+    expected = jax.tree_util.tree_leaves(reference, is_leaf=lambda x: x is None)
+    none_expected = any(x is None for x in expected)
+    for leaf in jax.tree_util.tree_leaves(answer, is_leaf=lambda x: x is None):
+        kind = _kind_of(leaf)
+        if kind and not (leaf is None and none_expected):
+            return f"{name} contains {kind}"
+    return None
 
 
 def verdict(

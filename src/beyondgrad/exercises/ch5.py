@@ -497,7 +497,7 @@ def check_sharded_variance_step(
     problems: list[str] = []
     for electrons, per_device in sizes:
         case = f"{electrons} electrons, {per_device} walkers per device"
-        with jax.enable_x64(True):
+        with jax.enable_x64(True), ex.time_limit(60, what="your step"):
             params, walkers = _variance_problem(electrons, per_device, int(seed))
             got = ex.call_answer(
                 step, params, walkers, what="your step inside shard_map"
