@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 
@@ -184,16 +185,29 @@ def _sharded_variance(
     return value, grad
 
 
-def _unrolled_8(x, n):  # Chapter 1, exercise 1.1: a loop unrolled to 8 steps
-    for i in range(8):
-        x = jnp.where(i < n, jnp.sin(x), x)
-    return x
-
-
 def _bump_threshold_03(
     x,
 ):  # Chapter 1, exercise 1.3: the threshold is not the function's own
     return jnp.where(x > 0.3, jnp.exp(-1.0 / jnp.where(x > 0.3, x, 1.0)), 0.0)
+
+
+def _vmap_while(x, n, n_max):  # Chapter 1: the chapter's vmap of a while_loop
+    def one(n, v):
+        body = lambda c: (c[0] + 1, jnp.sin(c[1]))  # noqa: E731
+        return lax.while_loop(lambda c: c[0] < n, body, (0, v))[1]
+
+    return jax.vmap(one)(n, x)
+
+
+def _bound_200(x, n, n_max):  # Chapter 1: a bound written into the code
+    return lax.fori_loop(0, 200, lambda i, v: jnp.where(i < n, jnp.sin(v), v), x)
+
+
+def _endless(x, n, n_max):  # Chapter 1: a Python loop whose condition never turns false
+    steps = 0
+    while steps >= 0:  # the checker's time limit stops it (a Python loop, so for good)
+        steps += 1
+    return x
 
 
 _WEIGHTS = jnp.linspace(1.0, 2.0, 6)
@@ -213,30 +227,38 @@ MISTAKES = [
         "not attempted yet: replace `raise NotImplementedError` with your code",
     ),
     Mistake(
-        "ch1-static-n",
-        lambda: ex1.check_fix_jit(jax.jit(ex1.repeat_sin, static_argnums=1), seed=0),
-        "n is an array of counts, one per entry, so it cannot be a static argument: keep "
-        "it traced and let a loop primitive stop each entry at its own count",
+        "ch1-vmap-while-copied",
+        lambda: ex1.check_fix_jit(_vmap_while, seed=0),
+        "reverse mode cannot go through a loop whose trip count is traced (a "
+        "while_loop, or a fori_loop with traced bounds): give the loop the static trip "
+        "count n_max, and keep each entry's finished value with jnp.where",
     ),
     Mistake(
         "ch1-python-loop",
-        lambda: ex1.check_fix_jit(ex1.repeat_sin, seed=0),
+        lambda: ex1.check_fix_jit(lambda x, n, n_max: ex1.repeat_sin(x, n), seed=0),
         "range(n), int(n) and n.max() in Python need concrete numbers; under jit n is "
-        "traced: loop with lax.while_loop or lax.fori_loop",
+        "traced: the number of steps you may use in Python is n_max",
     ),
     Mistake(
         "ch1-fori-array-bound",
         lambda: ex1.check_fix_jit(
-            lambda x, n: lax.fori_loop(0, n, lambda i, v: jnp.sin(v), x), seed=0
+            lambda x, n, n_max: lax.fori_loop(0, n, lambda i, v: jnp.sin(v), x),
+            seed=0,
         ),
-        "a loop primitive's trip count (or condition) is one scalar for the whole loop, "
-        "and here each entry has its own n: vmap the loop over the entries, or loop to "
-        "the largest count and keep finished entries with jnp.where",
+        "a loop primitive's trip count is one scalar for the whole loop, and here each "
+        "entry has its own n: loop n_max times and keep finished entries with jnp.where",
     ),
     Mistake(
-        "ch1-unrolled-to-8",
-        lambda: ex1.check_fix_jit(_unrolled_8),
-        "does your loop stop at a fixed number of steps?",
+        "ch1-bound-in-the-code",
+        lambda: ex1.check_fix_jit(_bound_200, seed=0),
+        "a bound written into the code does work no entry needs (and too little for a "
+        "larger n_max); use n_max",
+    ),
+    Mistake(
+        "ch1-endless-loop",
+        lambda: ex1.check_fix_jit(_endless, seed=0),
+        "your code did not finish within 10 s; is there a loop whose condition never "
+        "turns false?",
     ),
     Mistake(
         "ch1-nan-left-of-zero",
@@ -251,16 +273,25 @@ MISTAKES = [
         "is nan; your interval misses it: move the right end away from 0",
     ),
     Mistake(
-        "ch1-retrace-all-true",
-        lambda: ex1.check_predict_retraces([True] * 9),
-        "call 5 (np.ndarray float32[3], n=2): you said retrace, jit reused a cached trace",
+        "ch1-key-without-weak-type",
+        lambda: ex1.check_predict_retraces(
+            lambda x, n: (np.shape(x), jnp.result_type(x), n), seed=0
+        ),
+        "so you predict a cache hit, but jit traced again: the two differ in something "
+        "jit's key includes",
     ),
     Mistake(
-        "ch1-retrace-0d",
+        "ch1-key-with-class",
         lambda: ex1.check_predict_retraces(
-            [True, False, True, True, True, False, False, True, False]
+            lambda x, n: (type(x), jax.typeof(x), n), seed=0
         ),
-        "call 6 (jax.Array float32[], n=2): you said cached, jit traced it again",
+        "so you predict a retrace, but jit reused an earlier trace: your key includes "
+        "something jit's key does not",
+    ),
+    Mistake(
+        "ch1-list-of-booleans",
+        lambda: ex1.check_predict_retraces([True] * 9),
+        "my_cache_key should be a function, but you passed a value (list)",
     ),
     Mistake(
         "ch1-inner-where-only",

@@ -522,19 +522,22 @@ class Call:
     kwargs: Mapping[str, Any]
 
     def signature(self) -> str:
-        """What ``jit`` keys its cache on, in words: avals of arrays, values of the rest."""
+        """The call in words: each positional argument's kind, value and aval (``~``
+        marks a weak type), and the keyword arguments (static in this book's uses) as
+        values."""
 
         def show(v: object) -> str:
             if isinstance(v, jax.Array):
                 return f"jax.Array {jax.typeof(v)}"
             if isinstance(v, (np.ndarray, np.generic)):
-                return f"np.ndarray {jax.typeof(v)}"
-            if isinstance(v, (float, complex)):
+                shape = ",".join(str(d) for d in np.shape(v))
+                return f"np.ndarray {np.asarray(v).dtype}[{shape}]"
+            if isinstance(v, (int, float, complex)) and not isinstance(v, bool):
                 return f"Python {type(v).__name__} {v!r} ({jax.typeof(v)})"
             return repr(v)
 
         parts = [show(a) for a in self.args] + [
-            f"{k}={show(v)}" for k, v in self.kwargs.items()
+            f"{k}={v!r}" for k, v in self.kwargs.items()
         ]
         return f"({', '.join(parts)})"
 

@@ -37,6 +37,7 @@ checker only prints, so a student notebook runs top to bottom with the stubs unf
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import signal
 import sys
@@ -62,6 +63,7 @@ __all__ = [
     "is_stub",
     "require_callable",
     "return_kind_problem",
+    "run_with_time_limit",
     "time_limit",
     "tree_mismatches",
     "verdict",
@@ -520,3 +522,45 @@ def check_allclose(
 
 #: A checker's signature: the student's answer in, :class:`Feedback` out.
 Checker = Callable[..., Feedback]
+
+
+class _TimeLimit(BaseException):
+    """Raised inside a checker's worker thread once its time is up."""
+
+
+def run_with_time_limit(task: Callable[[], Any], seconds: float) -> Any:
+    """``task()``, or a failure (see :func:`failed`) if it takes more than ``seconds``.
+
+    The task runs in a daemon thread, so a student's endless loop cannot hold the
+    checker: after ``seconds`` the checker returns a message instead. Compiled code
+    cannot be interrupted, so the thread may keep running; the message says to restart
+    the kernel. An exception raised by ``task`` is raised here. Run a whole check as one
+    task: some of JAX's caches are per thread.
+    """
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = task()
+        except _TimeLimit:  # the caller has stopped waiting
+            pass
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=work, daemon=True, name="beyondgrad-check")
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        # Stops a loop in Python code at its next bytecode; compiled code runs on.
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(worker.ident or 0), ctypes.py_object(_TimeLimit)
+        )
+        return _Failure(
+            f"your code did not finish within {seconds:g} s; is there a loop whose "
+            "condition never turns false? A compiled loop cannot be interrupted and "
+            "may still be running: restart the kernel (Colab: Runtime > Restart "
+            "session), run the cells above again, then fix the loop"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -1,14 +1,15 @@
 """Checkers for the exercises of Chapter 1 ("Tracers and concreteness").
 
-* Exercise 1.1, :func:`check_fix_jit`: a version of :func:`repeat_sin` that works under
-  ``jit``. Checks the values for ``n`` in ``(0, 1, 3, 6)`` against float64 ``sin``
-  iterates (relative error ≤ 1e-6) and counts the traces (one compilation each) of a
-  ``jit`` of a fresh wrapper function over those four calls, so a re-run reports the
-  same count.
-* Exercise 1.2, :func:`check_predict_retraces`: for each call of
-  :func:`retrace_quiz`, predict whether ``jit`` traces again. Any sequence of nine
-  booleans (``True``/``False``, ``0``/``1``, NumPy bools) is accepted; the truth is
-  measured with :func:`beyondgrad.tracers.count_traces` on a fresh ``jit``.
+* Exercise 1.1, :func:`check_fix_jit`: ``repeat_sin_each(x, n, n_max)``, ``sin`` applied
+  ``n[j]`` times to ``x[j]``, under ``jit`` (``n_max`` static) and ``jax.grad``, in
+  cases drawn at every check (:func:`fix_jit_counts`); a loop longer than ``n_max`` (a
+  bound written into the code) is refused.
+* Exercise 1.2, :func:`check_predict_retraces`: ``my_cache_key(x, n)``, what ``jit``
+  keys its traces on, checked against quizzes drawn at every check
+  (:func:`retrace_quiz`); the truth is measured with
+  :func:`beyondgrad.tracers.count_traces` on a fresh ``jit``.
+* Every check runs under :func:`beyondgrad.exercises.run_with_time_limit`
+  (:data:`TIME_LIMIT` seconds) where the student's code may loop for ever.
 * Exercise 1.3, :func:`check_finite_grad`: :func:`bump` with a gradient that is finite
   everywhere. Checks values and ``jit(vmap(grad(answer)))`` against the float64 closed
   forms on a grid with a point every 0.01 on ``[-0.5, 0.5]`` (so a ``where`` whose
@@ -18,6 +19,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +40,8 @@ __all__ = [
     "FIX_JIT_RTOL",
     "FIX_JIT_SIZE",
     "NAN_INTERVAL_RTOL",
+    "RETRACE_QUIZZES",
+    "TIME_LIMIT",
     "bump",
     "check_finite_grad",
     "check_fix_jit",
@@ -52,7 +56,7 @@ __all__ = [
 
 EX1, EX2, EX3 = (
     "Exercise 1.1 (a loop count per entry)",
-    "Exercise 1.2 (predict the retraces)",
+    "Exercise 1.2 (what a trace is keyed on)",
     "Exercise 1.3 (b) (a where with finite gradients)",
 )
 EX3A = "Exercise 1.3 (a) (where is the gradient NaN?)"
@@ -61,18 +65,22 @@ EX3A = "Exercise 1.3 (a) (where is the gradient NaN?)"
 # Exercise 1.1
 # --------------------------------------------------------------------------------------
 
-#: Exercise 1.1: the checker's ``x`` has this many entries, and each count ``n[j]`` is
-#: drawn from ``0 .. FIX_JIT_MAX_N`` (both ends always included), so a loop unrolled
-#: to any small fixed count fails.
-FIX_JIT_SIZE = 8
-FIX_JIT_MAX_N = 64
-#: Accuracy required in exercise 1.1: float32 iterates of ``sin`` differ from float64
-#: ones by at most 3.6e-7 (relative, every n in 0..64 on ``linspace(-1, 2, 8)``,
-#: measured on JAX 0.8.2 and 0.12); 1e-6 leaves a margin of about 3. The absolute part
-#: only matters for an entry at 0.
-FIX_JIT_RTOL, FIX_JIT_ATOL = 1e-6, 1e-7
-#: Exercise 1.1: calls per check, each with other ``x`` and other counts.
-FIX_JIT_CALLS = 2
+#: Exercise 1.1: each check draws :data:`FIX_JIT_CALLS` cases (:func:`fix_jit_counts`).
+#: ``x`` has from ``FIX_JIT_SIZE[0]`` to ``FIX_JIT_SIZE[1]`` entries; the static bound
+#: ``n_max`` of the first two cases is drawn from ``FIX_JIT_MAX_N[0]``, of the third
+#: from ``FIX_JIT_MAX_N[1]``, so no bound written into the answer fits every check.
+FIX_JIT_SIZE = (5, 12)
+FIX_JIT_MAX_N = ((3, 30), (60, 200))
+#: Accuracy required in exercise 1.1, for values and gradients: float32 iterates of
+#: ``sin`` and their derivative (a product of up to 200 cosines) differ from float64 by
+#: at most 2.3e-6 relative (40 draws with ``n_max`` up to 200, measured on JAX 0.8.2 and
+#: 0.12); 1e-5 leaves a margin of about 4. The absolute part only matters at ``x = 0``.
+FIX_JIT_RTOL, FIX_JIT_ATOL = 1e-5, 1e-7
+#: Exercise 1.1: cases per check. The first two share their size and ``n_max`` (so the
+#: second must reuse the first's trace); the third has others.
+FIX_JIT_CALLS = 3
+#: Seconds a check may take before it stops waiting for the student's code.
+TIME_LIMIT = 10.0
 
 
 def repeat_sin(x: jax.Array, n: int) -> jax.Array:
@@ -86,135 +94,209 @@ def repeat_sin(x: jax.Array, n: int) -> jax.Array:
     return x
 
 
-def _sin_iterates(x: np.ndarray, n: np.ndarray | int) -> np.ndarray:
-    """Float64 ``sin`` applied ``n[j]`` times to ``x[j]`` (``n`` scalar or per entry)."""
+def _sin_iterates(x: np.ndarray, n: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 ``sin`` applied ``n[j]`` times to ``x[j]``, and its derivative.
+
+    The derivative of the ``n``-fold iterate is the product of ``cos`` at the ``n``
+    iterates before it (the chain rule).
+    """
     x = np.asarray(x, np.float64)
     counts = np.broadcast_to(np.asarray(n), x.shape)
-    want = x.copy()
+    value, slope = x.copy(), np.ones_like(x)
     for k in range(int(counts.max(initial=0))):
-        want = np.where(counts > k, np.sin(want), want)
-    return want
+        active = counts > k
+        slope = np.where(active, slope * np.cos(value), slope)
+        value = np.where(active, np.sin(value), value)
+    return value, slope
 
 
-def fix_jit_counts(seed: int | None = None) -> np.ndarray:
-    """Counts for exercise 1.1: ``FIX_JIT_SIZE`` int32 values in ``0..FIX_JIT_MAX_N``.
+def fix_jit_counts(seed: int | None = None) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """The cases of one check of exercise 1.1: ``(x, n, n_max)`` triples.
 
-    Random (``seed=None`` draws fresh ones at every check), always containing ``0``, a
-    count from 1 to 8 and ``FIX_JIT_MAX_N``, in random order.
+    Random (``seed=None`` draws fresh ones at every check): :data:`FIX_JIT_CALLS` cases,
+    the first two with the same size and ``n_max``, the third with other ones. Each ``n``
+    is int32 and holds ``0``, ``n_max`` and a count from 1 to 3; ``x`` is float32 in
+    ``[-2, 2]``.
     """
     rng = np.random.default_rng(seed)
-    counts = rng.integers(0, FIX_JIT_MAX_N + 1, size=FIX_JIT_SIZE)
-    counts[:3] = (0, rng.integers(1, 9), FIX_JIT_MAX_N)
-    return rng.permutation(counts).astype(np.int32)
+    sizes = rng.choice(
+        np.arange(FIX_JIT_SIZE[0], FIX_JIT_SIZE[1] + 1), 2, replace=False
+    )
+    bounds = [int(rng.integers(lo, hi + 1)) for lo, hi in FIX_JIT_MAX_N]
+    cases = []
+    for size, n_max in [(sizes[0], bounds[0])] * 2 + [(sizes[1], bounds[1])]:
+        n = rng.integers(0, n_max + 1, size=int(size))
+        n[:3] = (0, n_max, rng.integers(1, 4))
+        x = rng.uniform(-2.0, 2.0, size=int(size)).astype(np.float32)
+        cases.append((x, rng.permutation(n).astype(np.int32), n_max))
+    return cases
 
 
 def _fix_jit_hint(message: str) -> str:
     """What to change, for the usual failures of exercise 1.1."""
+    message = message.split(" raised ", 1)[-1]  # the error, not what was called
+    if "Reverse-mode differentiation does not work" in message:
+        return (
+            "\n    reverse mode cannot go through a loop whose trip count is traced (a "
+            "while_loop, or a fori_loop with traced bounds): give the loop the static "
+            "trip count n_max, and keep each entry's finished value with jnp.where"
+        )
     if "static" in message or "hashable" in message:
         return (
             "\n    n is an array of counts, one per entry, so it cannot be a static "
-            "argument: keep it traced and let a loop primitive stop each entry at its "
-            "own count"
+            "argument: keep it traced; n_max is the static one"
         )
     if any(
         k in message
         for k in ("TracerIntegerConversionError", "Concretization", "scalar index")
     ):
         return (
-            "\n    range(n), int(n) and n.max() in Python need concrete numbers; under jit "
-            "n is traced: loop with lax.while_loop or lax.fori_loop"
+            "\n    range(n), int(n) and n.max() in Python need concrete numbers; under "
+            "jit n is traced: the number of steps you may use in Python is n_max"
         )
     if "boolean scalar" in message or "must be scalars" in message:
         return (
-            "\n    a loop primitive's trip count (or condition) is one scalar for the whole "
-            "loop, and here each entry has its own n: vmap the loop over the entries, "
-            "or loop to the largest count and keep finished entries with jnp.where"
+            "\n    a loop primitive's trip count is one scalar for the whole loop, and "
+            "here each entry has its own n: loop n_max times and keep finished "
+            "entries with jnp.where"
         )
     return ""
 
 
+def _loop_steps(answer: Callable, x: jax.Array, n: jax.Array, n_max: int) -> int:
+    """The most ``sin`` steps the answer's program can take: a ``scan`` length times the
+    ``sin`` calls in its body, or the ``sin`` calls of an unrolled loop (0 if unknown)."""
+    try:
+        jaxpr = jax.make_jaxpr(answer, static_argnums=2)(x, n, n_max)
+    except Exception:
+        return 0
+
+    def steps(jx: Any) -> int:
+        total = 0
+        for eqn in jx.eqns:
+            total += eqn.primitive.name == "sin"
+            inner = []
+            for v in eqn.params.values():
+                for item in v if isinstance(v, (tuple, list)) else (v,):
+                    if hasattr(item, "eqns"):  # a Jaxpr or ClosedJaxpr
+                        inner.append(item)
+            count = sum(steps(j) for j in inner)
+            if eqn.primitive.name == "scan":
+                count *= int(eqn.params["length"])
+            total += count
+        return total
+
+    return steps(jaxpr.jaxpr)
+
+
 def check_fix_jit(
-    answer: Callable[[jax.Array, jax.Array], jax.Array],
+    answer: Callable[[jax.Array, jax.Array, int], jax.Array],
     *,
     strict: bool = False,
     seed: int | None = None,
 ) -> Feedback:
-    """Exercise 1.1: ``answer(x, n)`` applies ``sin`` ``n[j]`` times to ``x[j]``, under jit.
+    """Exercise 1.1: ``answer(x, n, n_max)`` applies ``sin`` ``n[j]`` times to ``x[j]``.
 
-    ``x`` is float32 and ``n`` an int32 array of the same shape (:data:`FIX_JIT_SIZE`
-    entries, counts from :func:`fix_jit_counts`: random, up to :data:`FIX_JIT_MAX_N`).
-    The checker jits a fresh wrapper of ``answer`` (so ``n`` is traced;
-    :class:`~beyondgrad.tracers.CompilationCounter`), calls it twice with different
-    ``x`` and counts, compares each result with float64 iterates of ``sin``
-    (``|got - want| <= FIX_JIT_ATOL + FIX_JIT_RTOL |want|``), and requires one trace for
-    both calls: the counts must stay traced.
+    ``x`` is float32, ``n`` an int32 array of the same shape, ``n_max`` a Python int
+    that no count exceeds. The checker draws :data:`FIX_JIT_CALLS` cases
+    (:func:`fix_jit_counts`), jits a fresh wrapper of ``answer`` with ``n_max`` static
+    (:class:`~beyondgrad.tracers.CompilationCounter`), and compares its values and
+    ``jax.grad`` of their sum with respect to ``x`` with float64 iterates of ``sin`` and
+    their derivative (``|got - want| <= FIX_JIT_ATOL + FIX_JIT_RTOL |want|``). It
+    requires one trace per size and ``n_max`` (the counts stay traced) and a loop of at
+    most ``n_max`` steps (a bound written into the code is refused). It stops waiting
+    after :data:`TIME_LIMIT` seconds.
     """
     msg = exercises.require_callable(answer, "repeat_sin_each")
     if msg:
         return exercises.verdict(EX1, [msg], strict=strict)
-    rng = np.random.default_rng(seed)
-    fresh = CompilationCounter(answer)
-    problems: list[str] = []
-    for k in range(FIX_JIT_CALLS):
-        x = np.linspace(-1.0, 2.0, FIX_JIT_SIZE, dtype=np.float32) * (1 - 0.25 * k)
-        n = fix_jit_counts(int(rng.integers(2**31)))
+    result = exercises.run_with_time_limit(
+        lambda: _check_fix_jit(answer, seed), TIME_LIMIT
+    )
+    return _strict(EX1, result, strict)
+
+
+def _strict(exercise: str, result: Any, strict: bool) -> Feedback:
+    """The checker's :class:`Feedback` (a timeout becomes one), raised when strict."""
+    if not isinstance(result, Feedback):
+        result = exercises.verdict(exercise, [exercises.failed(result) or ""])
+    if strict and not result.passed:
+        raise exercises.ExerciseFailed(str(result))
+    return result
+
+
+def _check_fix_jit(answer: Callable, seed: int | None) -> Feedback:
+    fresh = CompilationCounter(answer, static_argnums=2)
+    grad = jax.jit(jax.grad(lambda x, n, m: jnp.sum(answer(x, n, m))), static_argnums=2)
+    cases = fix_jit_counts(seed)
+    for k, (x, n, n_max) in enumerate(cases):
+        args = (jnp.asarray(x), jnp.asarray(n), n_max)
         got = exercises.call_answer(
-            fresh, jnp.asarray(x), jnp.asarray(n), what="jax.jit(your function)"
+            fresh, *args, what="jax.jit(your function, static_argnums=2)"
         )
         if exercises.is_stub(got):
-            return exercises.verdict(EX1, [], attempted=False, strict=strict)
+            return exercises.verdict(EX1, [], attempted=False)
         failure = exercises.failed(got)
         if failure:
-            return exercises.verdict(
-                EX1, [failure + _fix_jit_hint(failure)], strict=strict
-            )
-        want = _sin_iterates(x, n)
-        found = exercises.tree_mismatches(
-            got,
-            want,
+            return exercises.verdict(EX1, [failure + _fix_jit_hint(failure)])
+        want, want_slope = _sin_iterates(x, n)
+        where = f"case {k + 1} (n_max = {n_max})"
+        problems = exercises.tree_mismatches(
+            got, want, rtol=FIX_JIT_RTOL, atol=FIX_JIT_ATOL, name=f"{where}: result"
+        )
+        if problems and np.shape(got) == want.shape:
+            got64 = np.asarray(got, np.float64)
+            bad = np.abs(got64 - want) > FIX_JIT_ATOL + FIX_JIT_RTOL * np.abs(want)
+            bad |= ~np.isfinite(got64)
+            wrong = sorted({int(c) for c in n[bad]})
+            right = sorted({int(c) for c in n[~bad]})
+            problems.append(f"wrong for the counts {wrong}, right for {right}")
+        if problems:
+            return exercises.verdict(EX1, problems)
+        slope = exercises.call_answer(
+            grad, *args, what="jax.grad of the sum of your function"
+        )
+        failure = exercises.failed(slope)
+        if failure:
+            return exercises.verdict(EX1, [failure + _fix_jit_hint(failure)])
+        problems = exercises.tree_mismatches(
+            slope,
+            want_slope,
             rtol=FIX_JIT_RTOL,
             atol=FIX_JIT_ATOL,
-            name=f"call {k + 1}: result",
+            name=f"{where}: gradient with respect to x",
         )
-        if found:
-            problems += found
-            shape_ok = np.shape(got) == want.shape
-            if shape_ok:
-                got64 = np.asarray(got, np.float64)
-                bad = np.abs(got64 - want) > FIX_JIT_ATOL + FIX_JIT_RTOL * np.abs(want)
-                bad |= ~np.isfinite(got64)
-                wrong = sorted({int(c) for c in n[bad]})
-                right = sorted({int(c) for c in n[~bad]})
-                problems.append(
-                    f"with counts n = {n.tolist()}: wrong for n in {wrong}, "
-                    f"right for n in {right}"
-                    + (
-                        "; every count above "
-                        f"{max(c for c in right if c < min(wrong))} is wrong: does your "
-                        "loop stop at a fixed number of steps?"
-                        if right and min(wrong) > min(right) and max(right) < min(wrong)
-                        else ""
-                    )
-                )
-            break
-    if problems:
-        return exercises.verdict(EX1, problems, strict=strict)
-    if fresh.traces != 1:
+        if problems:
+            return exercises.verdict(EX1, problems)
+        steps = _loop_steps(answer, *args)
+        if steps > n_max:
+            return exercises.verdict(
+                EX1,
+                [
+                    f"{where}: your program applies sin up to {steps} times, but no "
+                    f"count exceeds n_max = {n_max}: a bound written into the code "
+                    "does work no entry needs (and too little for a larger n_max); "
+                    "use n_max"
+                ],
+            )
+    shapes = {(len(x), n_max) for x, _, n_max in cases}
+    if fresh.traces != len(shapes):
         return exercises.verdict(
             EX1,
             [
                 f"a fresh jit traced your function {fresh.traces} times for "
-                f"{FIX_JIT_CALLS} calls with the same shapes and dtypes: it should "
-                "trace once; something in it depends on the values of n or x"
+                f"{len(cases)} calls with {len(shapes)} different sizes and n_max: "
+                "it should trace once for each; something in it depends on the "
+                "values of n or x"
             ],
-            strict=strict,
         )
     success = (
-        f"matches sin applied n[j] times to x[j] for random counts up to "
-        f"{FIX_JIT_MAX_N} (relative error <= {FIX_JIT_RTOL:g}, absolute "
-        f"{FIX_JIT_ATOL:g}); a fresh jit traced it once for {FIX_JIT_CALLS} calls"
+        f"values and gradients match sin applied n[j] times to x[j] in "
+        f"{len(cases)} random cases with n_max up to {max(m for *_, m in cases)} "
+        f"(relative error <= {FIX_JIT_RTOL:g}, absolute {FIX_JIT_ATOL:g}); one trace "
+        "per size and n_max"
     )
-    return exercises.verdict(EX1, [], success=success, strict=strict)
+    return exercises.verdict(EX1, [], success=success)
 
 
 # --------------------------------------------------------------------------------------
@@ -227,87 +309,127 @@ def retrace_quiz_function(x: jax.Array, n: int) -> jax.Array:
     return x * n
 
 
-def retrace_quiz() -> list[Call]:
-    """The calls of exercise 1.2, in order (built on demand: arrays need a backend)."""
-    return [
-        call(jnp.ones(3), n=2),
-        call(jnp.arange(3.0), n=2),
-        call(jnp.ones(4), n=2),
-        call(jnp.ones(3), n=3),
-        call(jnp.ones(3, dtype=jnp.int32), n=2),
-        call(np.ones(3, dtype=np.float32), n=2),
-        call(jnp.float32(1.0), n=2),
-        call(1.0, n=2),
-        call(jnp.ones(3), n=2),
+#: Exercise 1.2: quizzes per check.
+RETRACE_QUIZZES = 2
+
+
+def retrace_quiz(seed: int | None = None) -> list[Call]:
+    """One drawn quiz of exercise 1.2: calls of ``retrace_quiz_function``, in order.
+
+    The first call is a float32 array of a drawn length with a drawn static ``n``; then
+    every kind of change comes once, in random order, with two repeats: new values;
+    the same array as NumPy float32 and as NumPy float64; another length; int32; another
+    ``n``; a 0-d float32 array; a Python float; a Python int. (``n`` is always an int:
+    whether ``n=2.0`` reuses the trace of ``n=2`` depends on the JAX version.)
+    """
+    rng = np.random.default_rng(seed)
+    m, n0 = int(rng.integers(2, 7)), int(rng.integers(2, 6))
+
+    def values(size: int) -> np.ndarray:
+        return rng.uniform(-3.0, 3.0, size)
+
+    kinds: list[Callable[[], Call]] = [
+        lambda: call(jnp.asarray(values(m), jnp.float32), n=n0),
+        lambda: call(values(m).astype(np.float32), n=n0),
+        lambda: call(values(m), n=n0),  # NumPy float64
+        lambda: call(jnp.ones(m + int(rng.integers(1, 3))), n=n0),
+        lambda: call(jnp.arange(m, dtype=jnp.int32), n=n0),
+        lambda: call(jnp.ones(m), n=n0 + int(rng.integers(1, 3))),
+        lambda: call(jnp.float32(round(rng.uniform(-3, 3), 2)), n=n0),
+        lambda: call(round(float(rng.uniform(-3, 3)), 2), n=n0),
+        lambda: call(int(rng.integers(1, 9)), n=n0),
     ]
+    order = [*rng.permutation(len(kinds)), *rng.integers(0, len(kinds), 2)]
+    return [kinds[0](), *(kinds[int(k)]() for k in order)]
 
 
-def _as_booleans(answer: object, count: int) -> tuple[list[bool] | None, str]:
-    """``answer`` as ``count`` Python bools, or ``(None, why not)``."""
-    want = f"a list of {count} True/False values (0/1 also work), one per call"
+def _key_of(answer: Callable, c: Call) -> tuple[Any, str | None]:
+    """The student's key for one call, or ``(None, what went wrong)``."""
+    key = exercises.call_answer(answer, *c.args, c.kwargs["n"], what="my_cache_key")
+    if exercises.failed(key) is not None:
+        return key, exercises.failed(key)
     try:
-        ndim = np.ndim(answer)
-    except ValueError:  # ragged nesting
-        return None, f"answer must be {want}; got a ragged {type(answer).__name__}"
-    if isinstance(answer, (str, bytes)) or ndim == 0:
-        return None, f"answer must be {want}; got {type(answer).__name__} {answer!r}"
-    if ndim != 1:
-        shape = np.shape(answer)
-        return (
-            None,
-            f"answer must be {want}; got a {type(answer).__name__} of shape {shape}",
+        hash(key)
+    except TypeError:
+        return None, (
+            f"my_cache_key{c.signature()} returned an unhashable "
+            f"{type(key).__name__}: return a tuple (or another hashable value), so "
+            "that it can be a dictionary key, as jit's keys are"
         )
-    if isinstance(answer, (list, tuple)):
-        arr = list(answer)
-    else:  # a NumPy or JAX array: its entries as Python scalars
-        arr = list(np.asarray(answer).astype(object))
-    if len(arr) != count:
-        return None, f"answer must be {want}; got {len(arr)} value(s)"
-    out = []
-    for k, v in enumerate(arr):
-        if isinstance(v, (bool, np.bool_)):
-            out.append(bool(v))
-        elif isinstance(v, (int, np.integer)) and v in (0, 1):
-            out.append(bool(v))
-        else:
-            return None, (
-                f"entry {k} is {v!r} ({type(v).__name__}); each entry must be "
-                "True/False (or 1/0): True means jit traces again"
-            )
-    return out, ""
+    return key, None
 
 
 def check_predict_retraces(
-    answer: Sequence[bool] | Callable[[], Sequence[bool]], *, strict: bool = False
+    answer: Callable[..., Any], *, strict: bool = False, seed: int | None = None
 ) -> Feedback:
-    """Exercise 1.2: for each call of :func:`retrace_quiz`, does ``jit`` trace again?
+    """Exercise 1.2: ``answer(x, n)`` returns what ``jit`` keys its traces on.
 
-    ``answer`` is a sequence of nine booleans (``True`` = traced again; ``0``/``1`` and
-    NumPy bools are accepted), or a function returning one. The truth is measured, not
-    stored: :func:`beyondgrad.tracers.count_traces` runs the calls in order on a fresh
-    ``jax.jit(retrace_quiz_function, static_argnames="n")``. Each wrong entry is named
-    with the call's signature.
+    ``answer`` is called with the arguments of each call of :data:`RETRACE_QUIZZES`
+    drawn quizzes (:func:`retrace_quiz`) and must return a hashable key. The key
+    predicts a retrace exactly when it was not returned for an earlier call of the same
+    quiz; the truth is measured with :func:`beyondgrad.tracers.count_traces` on a fresh
+    ``jax.jit(retrace_quiz_function, static_argnames="n")``. Each wrong prediction is
+    named with the call and, for a predicted cache hit, the earlier call it matched.
+    Stops waiting after :data:`TIME_LIMIT` seconds.
     """
-    calls = retrace_quiz()
-    answer, early = exercises.given_answer(
-        EX2, answer, what="my_prediction()", strict=strict
+    msg = exercises.require_callable(answer, "my_cache_key")
+    if msg:
+        msg += (
+            " (this exercise asks for a function my_cache_key(x, n) that returns "
+            "what jit's trace cache is keyed on)"
+        )
+        return exercises.verdict(EX2, [msg], strict=strict)
+    result = exercises.run_with_time_limit(
+        lambda: _check_predict_retraces(answer, seed), TIME_LIMIT
     )
-    if early is not None:
-        return early
-    guesses, why = _as_booleans(answer, len(calls))
-    if guesses is None:
-        return exercises.verdict(EX2, [why], strict=strict)
-    log = count_traces(retrace_quiz_function, calls, static_argnames="n")
-    problems = []
-    for k, (guess, truth, c) in enumerate(zip(guesses, log.retraced, calls)):
-        if guess != truth:
-            said = "retrace" if guess else "cached"
-            did = "traced it again" if truth else "reused a cached trace"
-            problems.append(f"call {k} {c.signature()}: you said {said}, jit {did}")
+    return _strict(EX2, result, strict)
+
+
+def _check_predict_retraces(answer: Callable, seed: int | None) -> Feedback:
+    rng = np.random.default_rng(seed)
+    total = traces = 0
+    for _ in range(RETRACE_QUIZZES):
+        calls = retrace_quiz(int(rng.integers(2**31)))
+        keys: list[Any] = []
+        for c in calls:
+            key, why = _key_of(answer, c)
+            if exercises.is_stub(key):
+                return exercises.verdict(EX2, [], attempted=False)
+            if why is not None:
+                return exercises.verdict(EX2, [why])
+            keys.append(key)
+        log = count_traces(retrace_quiz_function, calls, static_argnames="n")
+        problems = []
+        for k, (c, truth) in enumerate(zip(calls, log.retraced)):
+            earlier = [j for j in range(k) if keys[j] == keys[k]]
+            if (not earlier) == truth:
+                continue
+            if earlier:
+                j = earlier[0]
+                problems.append(
+                    f"call {k} {c.signature()}: your key equals the key of call {j} "
+                    f"{calls[j].signature()}, so you predict a cache hit, but jit traced "
+                    "again: the two differ in something jit's key includes"
+                )
+            else:
+                problems.append(
+                    f"call {k} {c.signature()}: your key {keys[k]!r:.80} is new, so you "
+                    "predict a retrace, but jit reused an earlier trace: your key "
+                    "includes something jit's key does not"
+                )
+        if problems:
+            head = (
+                "in a quiz drawn for this check (the next check draws another), "
+                f"{len(problems)} of {len(calls)} predictions are wrong:"
+            )
+            return exercises.verdict(EX2, [head, *problems[:3]])
+        total += len(calls)
+        traces += log.traces
     success = (
-        f"all {len(calls)} predictions match the trace counter ({log.traces} traces)"
+        f"your key predicts every retrace in {RETRACE_QUIZZES} drawn quizzes "
+        f"({total} calls, {traces} traces)"
     )
-    return exercises.verdict(EX2, problems, success=success, strict=strict)
+    return exercises.verdict(EX2, [], success=success)
 
 
 # --------------------------------------------------------------------------------------
@@ -411,8 +533,19 @@ def check_nan_interval(
     for ``a <= x <= b`` and finite elsewhere. Each end must be within
     :data:`NAN_INTERVAL_RTOL` (relative) of :func:`nan_interval_measured`. A wrong end
     is answered with the gradient at a point between it and the true end, so the
-    message says which way to move it without giving it away.
+    message says which way to move it without giving it away. Stops waiting after
+    :data:`TIME_LIMIT` seconds.
     """
+    result = exercises.run_with_time_limit(
+        lambda: _check_nan_interval(answer), TIME_LIMIT
+    )
+    return _strict(EX3A, result, strict)
+
+
+def _check_nan_interval(
+    answer: Sequence[float] | Callable[[], Sequence[float]],
+) -> Feedback:
+    strict = False
     given, early = exercises.given_answer(
         EX3A, answer, what="my_nan_interval()", strict=strict
     )
@@ -475,10 +608,19 @@ def check_finite_grad(
     magnitudes :data:`BUMP_TINY`) against the float64 closed forms
     ``e^{-1/x}`` and ``e^{-1/x}/x²`` (0 for ``x ≤ 0``), within relative error
     :data:`BUMP_RTOL`. A NaN or infinity anywhere is reported with its first position.
+    Stops waiting after :data:`TIME_LIMIT` seconds.
     """
     msg = exercises.require_callable(answer, "bump_safe")
     if msg:
         return exercises.verdict(EX3, [msg], strict=strict)
+    result = exercises.run_with_time_limit(
+        lambda: _check_finite_grad(answer), TIME_LIMIT
+    )
+    return _strict(EX3, result, strict)
+
+
+def _check_finite_grad(answer: Callable[[jax.Array], jax.Array]) -> Feedback:
+    strict = False
     one = exercises.call_answer(answer, jnp.float32(0.5), what="bump_safe(0.5)")
     wrong = exercises.mismatch_verdict(
         EX3,
