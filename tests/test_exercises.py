@@ -160,7 +160,8 @@ def test_a_python_loop_that_never_ends_is_stopped_with_a_message():
     start = time.monotonic()
     got = ex.call_answer(endless, 1.0, what="your solver")
     took = time.monotonic() - start
-    assert ex.TIME_LIMIT - 0.5 <= took <= ex.TIME_LIMIT + 5
+    # 10 s on a free core; up to _MAX_STRETCH times that while the machine is loaded
+    assert ex.TIME_LIMIT - 0.5 <= took <= ex.TIME_LIMIT * ex._MAX_STRETCH + 5
     said = ex.failed(got)
     assert said.startswith("your solver did not return within 10 s and was stopped")
 
@@ -171,14 +172,14 @@ def test_an_enclosing_time_limit_governs_and_a_students_except_cannot_swallow_it
     def stubborn():
         while True:
             try:
-                time.sleep(0.01)
+                sum(range(1000))
             except Exception:
                 pass
 
     start = time.monotonic()
     with ex.time_limit(1.5, what="outer"):
         got = ex.call_answer(stubborn, what="inner")
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 1.5 * ex._MAX_STRETCH + 3
     assert ex.failed(got).startswith("inner did not return within 1.5 s")
 
 

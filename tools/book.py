@@ -171,11 +171,13 @@ def sync_install_cell(source: Path) -> bool:
     import jupytext
 
     code = [c for c in jupytext.read(source).cells if c.cell_type == "code"]
-    want = colab_install_cell()
-    if not code or code[0].source == want or "google.colab" not in code[0].source:
+    if not code or "google.colab" not in code[0].source:
         return (
             False  # no install cell to update (tests/test_book.py says what is missing)
         )
+    want = colab_install_cell()
+    if code[0].source == want:
+        return False  # already in sync
     text = source.read_text()
     if code[0].source not in text:
         return False

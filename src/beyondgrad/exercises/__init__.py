@@ -42,6 +42,7 @@ import dataclasses
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -124,6 +125,9 @@ def _trim(text: str) -> str:
     return out if len(out) <= _MAX_CHARS else out[: _MAX_CHARS - 4] + " ..."
 
 
+#: How many times its limit :func:`time_limit` may wait on a loaded machine.
+_MAX_STRETCH = 6
+
 #: The limits of the :func:`time_limit` blocks running now (main thread), outermost first.
 _LIMITS: list[float] = []
 
@@ -143,11 +147,12 @@ def _out_of_time_message(what: str, seconds: float) -> str:
 
 def _watchdog_message(what: str, seconds: float) -> str:
     return (
-        f"{what} has run for {seconds:g} s inside compiled code (for example a "
-        "lax.while_loop whose condition never becomes false), which nothing can "
-        "interrupt, not even Interrupt execution. Restart the runtime (Colab: Runtime > "
-        "Restart session; Jupyter: Kernel > Restart), rerun the chapter's first cells, "
-        "and make the loop end (bound its iterations)."
+        f"{what} has run for {seconds:g} s inside compiled code. If this cell does not "
+        "finish soon, a loop in it never ends (for example a lax.while_loop whose "
+        "condition never becomes false), and nothing can interrupt compiled code, not "
+        "even Interrupt execution: restart the runtime (Colab: Runtime > Restart "
+        "session; Jupyter: Kernel > Restart), rerun the chapter's first cells, and make "
+        "the loop end (bound its iterations)."
     )
 
 
@@ -160,7 +165,10 @@ def time_limit(
     Python code is interrupted by a ``SIGALRM`` timer (main thread only; elsewhere, and
     where the platform has no ``SIGALRM``, the body runs unlimited). Compiled code
     blocks inside XLA, where no signal is delivered until it returns: after the limit a
-    watchdog thread prints :func:`_watchdog_message` to stderr instead, once. Inside
+    watchdog thread prints :func:`_watchdog_message` to stderr instead, once. On a
+    loaded machine (the process got less than 80% of a core since the start) the limit
+    is extended, up to :data:`_MAX_STRETCH` times, so that a right answer is not cut
+    off by someone else's work; unloaded, a Python loop is stopped at ``seconds``. Inside
     another ``time_limit`` the outer one governs: a checker whose right answers take
     longer (a large compile) wraps its calls in ``time_limit(60)``, and the
     :func:`call_answer` calls inside keep that limit.
@@ -179,14 +187,28 @@ def time_limit(
         yield
         return
 
+    cpu0, wall0 = time.process_time(), time.monotonic()
+
+    def starved() -> bool:
+        """Whether this process got less than 80% of a core since the start (a loaded
+        machine): then the limit is extended, up to :data:`_MAX_STRETCH` times."""
+        waited = time.monotonic() - wall0
+        used = time.process_time() - cpu0
+        return used < 0.8 * waited and waited < _MAX_STRETCH * seconds
+
     def on_alarm(signum: int, frame: Any) -> None:
+        if starved():
+            signal.setitimer(signal.ITIMER_REAL, seconds / 4)
+            return
         raise _OutOfTime
 
     done = threading.Event()
 
     def watch() -> None:
-        if not done.wait(seconds + 1.0):
-            print(_watchdog_message(what, seconds), file=sys.stderr, flush=True)
+        while not done.wait(seconds + 1.0 if time.monotonic() == wall0 else 1.0):
+            if time.monotonic() - wall0 >= seconds + 1.0 and not starved():
+                print(_watchdog_message(what, seconds), file=sys.stderr, flush=True)
+                return
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
