@@ -13,12 +13,17 @@
     python3 dev.py drift [--versions ...]  # probes under every JAX of tools/drift.py (drift.md)
 
 Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
---jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX; floor: every direct
-dependency of pyproject.toml at its lower bound), --force (book: re-execute every
-notebook, ignoring the cache), --upgrade (newest: upgrade jax, jaxlib, folx and numpy
-to their newest releases; always on when CI=true, so CI's newest environment really
-is the newest).
-Re-running is fast: the environment is reinstalled only when requirements change.
+--jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX; newest: uv.lock's
+versions; floor: every direct dependency of pyproject.toml at its lower bound, the
+toolchain at uv.lock's versions), --force (book: re-execute every notebook, ignoring
+the cache), --upgrade (newest: upgrade jax, jaxlib, folx and numpy past the lock to
+their newest releases; always on when CI=true, so CI's newest environment really is
+the newest).
+Environments are installed by uv (installed with pip when not on PATH) from uv.lock
+(`uv sync --locked`; the toolchain is pyproject.toml's `dev` dependency group): after
+editing pyproject.toml's requirements run `uv lock` and commit uv.lock.
+Re-running is fast: the environment is reinstalled only when uv.lock or
+pyproject.toml change.
 Each JAX environment builds into its own folder (_build for the newest JAX,
 _build-floor/_build for the floor).
 
@@ -65,7 +70,7 @@ UPGRADED = ("jax", "jaxlib", "folx", "numpy")
 #: What `dev.py lint` checks with ruff (configured in pyproject.toml, 88 columns).
 LINTED = ("src", "tests", "tools", "benchmarks", "_ext", "dev.py")
 #: Bumped when the way environments are installed changes: every environment refreshes.
-INSTALLER = "uv-1"
+INSTALLER = "uv-2"
 
 
 def on_ci() -> bool:
@@ -222,11 +227,11 @@ def dependency_names() -> tuple[str, ...]:
 
 
 def floor_pins() -> list[str]:
-    """``name==X`` for every direct dependency's ``name>=X`` (and jaxlib == jax's floor).
-
-    This is what ``uv pip install --resolution lowest-direct`` aims at, made strict: a
-    lower bound that cannot be installed with the others fails here (the resolver
-    reports it) instead of silently moving up; raise that bound in pyproject.toml.
+    """``name==X`` for every direct dependency's ``name>=X`` (and jaxlib == jax's floor):
+    what the floor environment must hold. uv installs it (``--resolution
+    lowest-direct``); :func:`ensure_env` then checks each of these, so a lower bound
+    that uv had to move up (it cannot be installed with the others) fails the install
+    instead of passing unnoticed; raise that bound in pyproject.toml.
     """
     pins = []
     for dep in direct_dependencies():
@@ -241,10 +246,13 @@ def floor_pins() -> list[str]:
 
 
 def jax_requirements(spec: str) -> list[str]:
+    """What is installed besides the lock: nothing (newest: uv.lock's jax, upgraded on
+    CI), jaxlib at jax's floor (floor; the rest at their lower bounds by uv's
+    ``lowest-direct``), or jax and jaxlib at a chosen version."""
     if spec == "newest":
-        return [f"jax>={jax_floor()}"]
+        return []
     if spec == "floor":
-        return floor_pins()
+        return [f"jaxlib=={jax_floor()}"]
     return [f"jax=={spec}", f"jaxlib=={spec}"]
 
 
@@ -265,26 +273,99 @@ def uv_command(py: Path) -> list[str]:
     return [str(uv)]
 
 
+def _quiet() -> list[str]:
+    return [] if on_ci() else ["--quiet"]
+
+
 def uv_pip(py: Path, *args: str) -> None:
     """``uv pip ARGS`` into the environment of ``py`` (stops dev.py on failure)."""
     cmd = [*uv_command(py), "pip", *args, "--python", str(py)]
-    subprocess.run([*cmd, *([] if on_ci() else ["--quiet"])], check=True)
+    subprocess.run([*cmd, *_quiet()], check=True)
+
+
+def uv_sync(env: Path, py: Path) -> None:
+    """``uv sync --locked`` into ``env``: uv.lock's toolchain (the ``dev`` group), this
+    package with its ``chapters`` extra (editable) and their locked dependencies.
+    ``--inexact`` keeps pip and uv (dev.py's installer) and what ``--jax`` adds."""
+    cmd = [*uv_command(py), "sync", "--project", str(ROOT), "--locked", "--inexact"]
+    cmd += ["--extra", "chapters", "--python", str(py), *_quiet()]
+    subprocess.run(
+        cmd, check=True, env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(env)}
+    )
+
+
+def locked_toolchain(py: Path) -> list[str]:
+    """uv.lock's ``dev`` group with every package it needs, as ``name==X[ ; marker]``,
+    less the package's direct dependencies and jaxlib (the floor chooses those)."""
+    out = subprocess.run(
+        [*uv_command(py), "export", "--project", str(ROOT), "--locked"]
+        + ["--only-group", "dev", "--no-emit-project", "--no-hashes", "--no-header"]
+        + ["--no-annotate", "--quiet"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    floor_chosen = set(dependency_names())
+    pins = []
+    for line in out.splitlines():
+        m = re.match(r"([A-Za-z0-9][A-Za-z0-9_.-]*)==", line)
+        if m and re.sub(r"[-_.]+", "-", m.group(1).lower()) not in floor_chosen:
+            pins.append(line)
+    return pins
+
+
+def install_floor(env: Path, py: Path) -> None:
+    """Every direct dependency at its lowest allowed version (``--resolution
+    lowest-direct``, as folx's CI does), jaxlib at jax's floor, and the toolchain at
+    uv.lock's versions; then check that each lower bound is what got installed."""
+    toolchain = env / ".beyondgrad-toolchain.txt"
+    toolchain.write_text("\n".join(locked_toolchain(py)) + "\n")
+    uv_pip(
+        py,
+        "install",
+        "--resolution",
+        "lowest-direct",
+        "-r",
+        str(toolchain),
+        "-e",
+        f"{ROOT}[chapters]",
+        *jax_requirements("floor"),
+    )
+    # packaging's comparison (2.0.0 is 2.0), in the environment (the toolchain has it)
+    code = (
+        "import importlib.metadata as m, sys; from packaging.version import Version\n"
+        "for pin in sys.argv[1:]:\n"
+        "    name, want = pin.split('==')\n"
+        "    got = m.version(name)\n"
+        "    if Version(got) != Version(want):\n"
+        "        print(f'{name} {got} (lower bound {want})')\n"
+    )
+    moved = subprocess.run(
+        [str(py), "-c", code, *floor_pins()], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    if moved:
+        raise SystemExit(
+            f"[dev] the floor environment {env} is not at the lower bounds: "
+            f"{', '.join(moved)}; raise those bounds in pyproject.toml"
+        )
 
 
 def ensure_env(env: Path, jax_spec: str) -> Path:
     """Create/refresh the virtual environment; skip when nothing it depends on changed.
 
-    The environment is a standard venv (``venv`` from the standard library); uv resolves
-    and installs into it in one step: requirements.txt (the tools), this package with
-    its ``chapters`` extra (editable), and the JAX requirement of ``jax_spec``.
+    The environment is a standard venv (``venv`` from the standard library) that uv
+    installs into. newest and ``X.Y.Z``: ``uv sync --locked`` (uv.lock: the ``dev``
+    toolchain, this package with its ``chapters`` extra, editable), then jax/jaxlib
+    ``X.Y.Z``. floor: :func:`install_floor`.
     """
     reqs = jax_requirements(jax_spec)
     # The venv keeps the Python it was created with; the stamp covers what is installed into it.
     stamp_text = "\n".join(
         [
             INSTALLER,
+            jax_spec,
             *reqs,
-            (ROOT / "requirements.txt").read_text(),
+            (ROOT / "uv.lock").read_text(),
             (ROOT / "pyproject.toml").read_text(),
         ]
     )
@@ -294,26 +375,31 @@ def ensure_env(env: Path, jax_spec: str) -> Path:
     if py.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
         return py
     t0 = time.perf_counter()
-    print(f"[dev] installing into {env} ({', '.join(reqs)}) ...", flush=True)
+    what = (
+        "each direct dependency at its lower bound"
+        if jax_spec == "floor"
+        else (", ".join(["uv.lock", *reqs]))
+    )
+    print(f"[dev] installing into {env} ({what}) ...", flush=True)
     if not py.exists():
         venv.create(env, with_pip=True, clear=True)
     try:
-        uv_pip(
-            py,
-            "install",
-            "-r",
-            str(ROOT / "requirements.txt"),
-            "-e",
-            f"{ROOT}[chapters]",
-            *reqs,
-        )
+        if jax_spec == "floor":
+            install_floor(env, py)
+        else:
+            uv_sync(env, py)
+            if reqs:
+                uv_pip(py, "install", *reqs)
     except subprocess.CalledProcessError:
         hint = (
-            "the floor pins every direct dependency at its pyproject.toml lower bound: "
-            "raise the bound uv names above"
-            if jax_spec == "floor"
-            else "see uv's message above"
+            "uv.lock must match pyproject.toml: after editing pyproject.toml run "
+            f"`{uv_command(py)[0]} lock` and commit uv.lock; otherwise see uv's message"
         )
+        if jax_spec == "floor":
+            hint += (
+                " (floor: a lower bound that cannot be installed with the others or "
+                "with the locked toolchain: raise the bound uv names)"
+            )
         raise SystemExit(f"[dev] cannot install into {env}: {hint}") from None
     stamp_file.write_text(stamp)
     print(f"[dev] environment ready in {time.perf_counter() - t0:.0f} s", flush=True)

@@ -196,9 +196,15 @@ def test_whole_suite_runs_in_parallel_workers(monkeypatch, rc):
 
 
 def test_xdist_is_a_requirement():
-    """``-n auto`` needs pytest-xdist: the README's setup installs it."""
-    reqs = (book.ROOT / "requirements.txt").read_text().splitlines()
-    assert any(line.startswith("pytest-xdist") for line in reqs)
+    """``-n auto`` needs pytest-xdist: the README's setup installs it (pyproject.toml's
+    ``dev`` group, locked in uv.lock)."""
+    import tomllib
+
+    project = tomllib.loads((book.ROOT / "pyproject.toml").read_text())
+    assert any(
+        d.startswith("pytest-xdist") for d in project["dependency-groups"]["dev"]
+    )
+    assert 'name = "pytest-xdist"' in (book.ROOT / "uv.lock").read_text()
 
 
 def test_selected_tests_run_alone(monkeypatch):
@@ -306,3 +312,28 @@ def test_tests_that_observe_compilation_run_without_the_compile_cache():
     assert not conftest._observes_compilation(Item(test_ci_does_not_force_the_book))
     marked = Item(test_ci_does_not_force_the_book, marker=object())
     assert conftest._observes_compilation(marked)
+
+
+def test_floor_takes_the_locked_toolchain_but_not_the_direct_dependencies(monkeypatch):
+    """The floor installs uv.lock's toolchain pins except the direct dependencies and
+    jaxlib, which ``--resolution lowest-direct`` puts at their lower bounds."""
+    exported = "\n".join(
+        [
+            "ruff==0.17.6",
+            "numpy==2.4.6 ; python_full_version < '3.12'",
+            "jaxlib==0.12.0.1",
+            "ipywidgets==8.1.9",
+            "scipy==1.17.1 ; python_full_version < '3.12'",
+            "    # via pytest",
+        ]
+    )
+    monkeypatch.setattr(dev, "uv_command", lambda py: ["uv"])
+    monkeypatch.setattr(
+        dev.subprocess,
+        "run",
+        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, stdout=exported),
+    )
+    assert dev.locked_toolchain(Path("/py")) == [
+        "ruff==0.17.6",
+        "scipy==1.17.1 ; python_full_version < '3.12'",
+    ]

@@ -106,7 +106,7 @@ def missing_requirements() -> list[str]:
             "browser in BEYONDGRAD_CHROMIUM)"
         )
     if importlib.util.find_spec("playwright") is None:
-        missing.append("the Python package `playwright` (in requirements.txt)")
+        missing.append("the Python package `playwright` (pyproject.toml's dev group)")
     return missing
 
 
