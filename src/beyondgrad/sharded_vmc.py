@@ -356,8 +356,9 @@ def natural_gradient(
     if method == "sr":
         s = _total(o_c[:, :, None] * o_c[:, None, :], axis_name)
         return g, jnp.linalg.solve(s + damping * jnp.eye(p, dtype=o.dtype), g)
+    first: jax.Array | int = 0
     if axis_name is None:
-        o_all, eps_all, first = o_c, eps, 0
+        o_all, eps_all = o_c, eps
     else:
         o_all = lax.all_gather(o_c, axis_name, tiled=True)
         eps_all = lax.all_gather(eps, axis_name, tiled=True)
