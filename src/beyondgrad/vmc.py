@@ -20,7 +20,11 @@ and the variational energy :math:`E(\theta) = \langle\psi|H|\psi\rangle /
 mean of :math:`E_L` over walkers :math:`x_1..x_B` drawn from :math:`|\psi|^2`
 (:func:`sample_walkers`). Its gradient is, by default (``estimator="vmc"``), the VMC
 estimator :math:`\frac2B\sum_b (E_L(x_b)-\bar E)\nabla_\theta\log|\psi(x_b)|`
-(no derivative of the Laplacian needed). ``estimator="direct"`` returns instead the
+(no derivative of the Laplacian needed). Subtracting :math:`\bar E` is part of
+that gradient, not a free baseline: for an unnormalised :math:`\psi`,
+:math:`\mathbb{E}_{|\psi|^2/Z}[\nabla_\theta\log|\psi|] = \tfrac12\nabla_\theta
+\log Z`, so subtracting another constant :math:`c` adds
+:math:`(E-c)\nabla_\theta\log Z` (Chapter 5, section 5.7). ``estimator="direct"`` returns instead the
 gradient of the batch mean of :math:`E_L` (differentiating through the Laplacian): a
 different quantity, right for a fixed set of points, not for the variational energy.
 

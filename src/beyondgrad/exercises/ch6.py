@@ -1,0 +1,261 @@
+"""Chapter 6's exercise checkers (a sharded VMC step).
+
+* :func:`check_clip` (6.1): a ``shard_map`` body over ``"data"`` that clips local
+  energies to the median +- :data:`CLIP_SCALE` mean absolute deviations over all
+  walkers, compared with NumPy in float64 at sizes and values drawn for each check.
+* :func:`check_per_walker_grads` (6.2): a ``shard_map`` body returning one gradient
+  of :func:`toy_log_psi` per point with respect to replicated parameters, compared
+  with ``vmap(grad)`` on one device in float64, at drawn sizes.
+
+Each returns a :class:`~beyondgrad.exercises.Feedback`; a bare stub is reported as not
+attempted, and ``strict=True`` raises :class:`~beyondgrad.exercises.ExerciseFailed`
+for a wrong or missing answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from beyondgrad import exercises as ex
+
+__all__ = [
+    "CASES",
+    "CLIP_SCALE",
+    "DEVICES",
+    "MESH_AXIS",
+    "TOL",
+    "check_clip",
+    "check_per_walker_grads",
+    "toy_log_psi",
+]
+
+#: The mesh axis and its size.
+MESH_AXIS = "data"
+DEVICES = 8
+#: Exercise 6.1: the clipping window's half-width in mean absolute deviations.
+CLIP_SCALE = 3.0
+#: Cases per check; walkers per device are drawn from 2..7 and the hidden width of
+#: 6.2 from 2..6 (distinct sizes within one check), so no size can be hard-coded.
+CASES = 3
+#: Relative accuracy required, float64: ``|got - want| <= TOL * max|want|``. Correct
+#: answers (the book's solutions, tests/test_exercises_ch6.py) agree to rounding,
+#: below 1e-15 relative; answers with a slip are off by more than 1e-3.
+TOL = 1e-12
+
+
+def toy_log_psi(w: jax.Array, x: jax.Array) -> jax.Array:
+    """A small scalar model of a point ``x`` ``(3,)`` with parameters ``w`` ``(3, H)``:
+    :math:`\\sum_h \\tanh((x W)_h) - \\tfrac12|x|^2`."""
+    return jnp.sum(jnp.tanh(x @ w)) - 0.5 * jnp.sum(x * x)
+
+
+def _seed(seed: int | None) -> int:
+    if seed is None:
+        return int(np.random.default_rng().integers(2**31))
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    return int(seed)
+
+
+def _sizes(seed: int, low: int, high: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(v) for v in rng.choice(np.arange(low, high + 1), CASES, False)]
+
+
+def _shard(fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
+    from jax.sharding import PartitionSpec as P  # noqa: F401
+
+    from beyondgrad import runtime
+
+    mesh = runtime.demo_mesh(DEVICES, MESH_AXIS)
+    return jax.jit(
+        jax.shard_map(
+            fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True
+        )
+    )
+
+
+def _rel(got: Any, want: np.ndarray) -> float | None:
+    try:
+        got = np.asarray(got, np.float64)
+    except (TypeError, ValueError):
+        return None
+    if got.shape != want.shape:
+        return None
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-300))
+
+
+def _near(got: Any, want: np.ndarray, rtol: float = 1e-9) -> bool:
+    r = _rel(got, want)
+    return r is not None and r <= rtol
+
+
+def _clip_reference(e: np.ndarray, median: float, mad: float) -> np.ndarray:
+    return np.clip(e, median - CLIP_SCALE * mad, median + CLIP_SCALE * mad)
+
+
+def check_clip(
+    fn: Callable[[jax.Array], jax.Array], strict: bool = False, seed: int | None = None
+) -> ex.Feedback:
+    """Exercise 6.1: ``fn(e_l)`` inside ``shard_map`` (``P("data")`` in and out)
+    clips to the global median +- :data:`CLIP_SCALE` global mean absolute deviations.
+
+    :data:`CASES` cases; walkers per device drawn from 2..7 and energies from a
+    heavy-tailed (Student t, 2 degrees of freedom) distribution around a drawn centre,
+    from ``seed`` (fresh when ``None``; the messages name it).
+    """
+    from jax.sharding import PartitionSpec as P
+
+    name = "Exercise 6.1 (clip across devices)"
+    msg = ex.require_callable(fn, "my_clip")
+    if msg:
+        return ex.verdict(name, [msg], strict=strict)
+    seed = _seed(seed)
+    drawn = f"seed={seed}; rerun with seed={seed} to repeat these cases"
+    step = _shard(fn, P(MESH_AXIS), P(MESH_AXIS))
+    rng = np.random.default_rng(seed + 1)
+    problems: list[str] = []
+    for per_device in _sizes(seed, 2, 7):
+        n = per_device * DEVICES
+        e = rng.uniform(-5, 5) + rng.standard_t(2, n)
+        with jax.enable_x64(True):
+            got = ex.call_answer(step, jnp.asarray(e), what="my_clip inside shard_map")
+        if ex.is_stub(got):
+            return ex.verdict(name, [], attempted=False, strict=strict)
+        failure = ex.failed(got)
+        case = f"{per_device} walkers per device ({n} in all)"
+        if failure:
+            problems.append(f"{case}: {failure}")
+            break
+        median = float(np.median(e))
+        want = _clip_reference(e, median, float(np.mean(np.abs(e - median))))
+        r = _rel(got, want)
+        if r is None:
+            problems.append(
+                f"{case}: return one clipped energy per walker, shape ({per_device},) "
+                f"on each device ({n},) in all; got {np.shape(got)}"
+            )
+            break
+        if r <= TOL:
+            continue
+        problems.append(f"{case}: off by {r:.2e} relative (allowed {TOL:g})")
+        blocks = e.reshape(DEVICES, per_device)
+        local_median = np.median(blocks, axis=1, keepdims=True)
+        local_mad = np.mean(np.abs(blocks - local_median), axis=1, keepdims=True)
+        local = [
+            np.clip(
+                blocks, local_median - CLIP_SCALE * m, local_median + CLIP_SCALE * m
+            ).reshape(-1)
+            for m in (local_mad, np.mean(local_mad))
+        ]
+        mean_centre = _clip_reference(
+            e, float(np.mean(e)), float(np.mean(np.abs(e - np.mean(e))))
+        )
+        std = _clip_reference(e, median, float(np.std(e)))
+        if _near(got, e, TOL):
+            problems.append("nothing was clipped: clip to median +- scale * MAD")
+        elif any(_near(got, v) for v in local):
+            problems.append(
+                "you used each device's own median: the median is over all walkers "
+                "(lax.all_gather(e_l, 'data', tiled=True) first)"
+            )
+        elif _near(got, mean_centre):
+            problems.append(
+                "the window is centred on the mean: centre it on the median"
+            )
+        elif _near(got, std):
+            problems.append(
+                "the half-width uses the standard deviation: use the mean absolute "
+                "deviation from the median"
+            )
+        break
+    if problems:
+        problems.append(f"(cases drawn with {drawn})")
+    return ex.verdict(
+        name,
+        problems,
+        success=f"matches NumPy in float64 (relative error <= {TOL:g}) on {CASES} "
+        f"drawn cases ({drawn})",
+        strict=strict,
+    )
+
+
+def check_per_walker_grads(
+    fn: Callable[[jax.Array, jax.Array], jax.Array],
+    strict: bool = False,
+    seed: int | None = None,
+) -> ex.Feedback:
+    """Exercise 6.2: ``fn(w, x)`` inside ``shard_map`` (``in_specs=(P(), P("data"))``,
+    ``out_specs=P("data")``) returns the ``(B, 3, H)`` gradients of
+    :func:`toy_log_psi` with respect to the replicated ``w``, one per point.
+
+    :data:`CASES` cases; ``H`` drawn from 2..6 and points per device from 2..7, from
+    ``seed`` (fresh when ``None``; the messages name it).
+    """
+    from jax.sharding import PartitionSpec as P
+
+    name = "Exercise 6.2 (per-walker gradients)"
+    msg = ex.require_callable(fn, "my_per_walker_grads")
+    if msg:
+        return ex.verdict(name, [msg], strict=strict)
+    seed = _seed(seed)
+    drawn = f"seed={seed}; rerun with seed={seed} to repeat these cases"
+    step = _shard(fn, (P(), P(MESH_AXIS)), P(MESH_AXIS))
+    rng = np.random.default_rng(seed + 2)
+    problems: list[str] = []
+    per_walker = jax.jit(jax.vmap(jax.grad(toy_log_psi), in_axes=(None, 0)))
+    for hidden, per_device in zip(_sizes(seed, 2, 6), _sizes(seed + 3, 2, 7)):
+        n = per_device * DEVICES
+        case = f"H={hidden}, {per_device} points per device"
+        with jax.enable_x64(True):
+            w = jnp.asarray(rng.normal(size=(3, hidden)))
+            x = jnp.asarray(rng.normal(size=(n, 3)))
+            got = ex.call_answer(
+                step, w, x, what="my_per_walker_grads inside shard_map"
+            )
+            want = np.asarray(per_walker(w, x))
+        if ex.is_stub(got):
+            return ex.verdict(name, [], attempted=False, strict=strict)
+        failure = ex.failed(got)
+        if failure:
+            problems.append(f"{case}: {failure}")
+            if "TypeError" in failure:
+                problems.append(
+                    "w is invariant (replicated): cast it to varying first, "
+                    "compat.pcast_varying(w, 'data') or lax.pcast(w, 'data', "
+                    "to='varying')"
+                )
+            break
+        r = _rel(got, want)
+        if r is None:
+            problems.append(
+                f"{case}: return ({per_device}, 3, {hidden}) gradients per device "
+                f"(({n}, 3, {hidden}) in all); got {np.shape(got)}"
+            )
+            break
+        if r <= TOL:
+            continue
+        problems.append(f"{case}: off by {r:.2e} relative (allowed {TOL:g})")
+        blocks = want.reshape(DEVICES, per_device, 3, hidden)
+        summed = np.tile(blocks.sum(axis=0), (DEVICES, 1, 1))
+        if _near(got, summed):
+            problems.append(
+                "each gradient is the sum over devices of the gradients at its local "
+                "index: w is invariant, so its cotangent is summed over devices; cast "
+                "w to varying first (compat.pcast_varying(w, 'data'))"
+            )
+        break
+    if problems:
+        problems.append(f"(cases drawn with {drawn})")
+    return ex.verdict(
+        name,
+        problems,
+        success=f"matches vmap(grad) on one device in float64 (relative error <= "
+        f"{TOL:g}) on {CASES} drawn cases ({drawn})",
+        strict=strict,
+    )

@@ -1,0 +1,445 @@
+r"""A sharded VMC step (Chapter 6): sampling, local energies, clipping, per-walker
+gradients and a natural-gradient (SR / MinSR) update, each written once for one
+device and for the body of ``jax.shard_map``.
+
+Every function takes ``axis_name``: ``None`` runs on one device (the batch is all the
+walkers); a mesh axis name makes it the body of a ``shard_map`` whose walkers are
+split over that axis (``in_specs`` ``P(axis_name)``) and whose parameters and keys are
+replicated (``P()``). Global quantities are then assembled with collectives, and the
+results that ``out_specs`` declares replicated are invariant.
+
+The Hamiltonian is Chapter 5's (:mod:`beyondgrad.vmc`): ``n`` electrons in a harmonic
+trap of frequency :math:`\omega` with Coulomb repulsion,
+
+.. math::
+   H = -\tfrac12\sum_i\nabla_{r_i}^2 + \tfrac12\omega^2\sum_i|r_i|^2
+       + \sum_{i<j}\frac1{|r_i-r_j|},
+
+and ``log_psi(params, positions (n, 3)) -> scalar`` follows that module's contract.
+
+With :math:`O_{bk} = \partial_{\theta_k}\log|\psi(x_b)|` (:func:`per_walker_grads`),
+:math:`\bar O`, :math:`\bar E` the means over all :math:`N` walkers,
+:math:`\tilde O = (O-\bar O)/\sqrt N` and :math:`\epsilon = (E_L-\bar E)/\sqrt N`,
+the energy gradient is :math:`g = 2\tilde O^\top\epsilon` and
+(:func:`natural_gradient`)
+
+.. math::
+   \delta_{\rm SR} = (\tilde O^\top\tilde O + \lambda I)^{-1} g, \qquad
+   \delta_{\rm MinSR} = \tilde O^\top(\tilde O\tilde O^\top + \lambda I)^{-1}
+   2\epsilon,
+
+which are equal (push-through identity): SR solves in parameter space
+(:math:`P\times P`, assembled with a ``psum``), MinSR in walker space (:math:`N\times
+N`, from an ``all_gather`` of :math:`\tilde O`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from beyondgrad import compat
+from beyondgrad.forward_laplacian import forward_laplacian
+from beyondgrad.vmc import potential_energy
+from beyondgrad.wavefunctions import Params
+
+__all__ = [
+    "COLLECTIVES",
+    "clip_local_energies",
+    "collective_bytes",
+    "collectives_in",
+    "local_energies",
+    "metropolis",
+    "natural_gradient",
+    "per_walker_grads",
+]
+
+LogPsi = Callable[[Params, jax.Array], jax.Array]
+Kind = Literal["all_gather", "reduce_scatter", "all_reduce"]
+
+#: The collectives :func:`collective_bytes` prices, with the primitive names
+#: :func:`collectives_in` maps onto them.
+COLLECTIVES: dict[str, Kind] = {
+    "all_gather": "all_gather",
+    "all_gather_invariant": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "psum": "all_reduce",
+    "psum_invariant": "all_reduce",
+    "psum2": "all_reduce",
+}
+
+
+def _check_axis_name(axis_name: object) -> None:
+    if axis_name is not None and not isinstance(axis_name, str):
+        raise TypeError(
+            "axis_name must be None (one device) or the name of the mesh axis the "
+            f"walkers are split over, e.g. 'data'; got {type(axis_name).__name__}"
+        )
+
+
+def _check_walkers(walkers: Any) -> jax.Array:
+    walkers = jnp.asarray(walkers)
+    if walkers.ndim != 3 or walkers.shape[2] != 3:
+        raise ValueError(
+            f"walkers must have shape (batch, n, 3), got {walkers.shape} (one "
+            "configuration? add a batch axis: walkers[None])"
+        )
+    if not jnp.issubdtype(walkers.dtype, jnp.floating):
+        raise TypeError(
+            f"walkers must be floating-point, got dtype {walkers.dtype} (cast with "
+            ".astype(jnp.float32))"
+        )
+    return walkers
+
+
+def _check_log_psi(log_psi: object) -> None:
+    if not callable(log_psi):
+        raise TypeError(
+            "log_psi must be a function log_psi(params, positions (n, 3)) -> scalar, "
+            f"got {type(log_psi).__name__} (e.g. wavefunctions.mlp_log_psi)"
+        )
+
+
+def _total(x: jax.Array, axis_name: str | None) -> jax.Array:
+    """Sum over the leading (walker) axis of this batch, and over devices."""
+    s = jnp.sum(x, axis=0)
+    return s if axis_name is None else lax.psum(s, axis_name)
+
+
+def _count(local: int, axis_name: str | None) -> int:
+    """The global number of walkers (a Python int: the axis size is static)."""
+    return local if axis_name is None else local * lax.axis_size(axis_name)
+
+
+def metropolis(
+    log_psi: LogPsi,
+    params: Params,
+    walkers: jax.Array,
+    key: jax.Array,
+    *,
+    steps: int,
+    step_size: float,
+    axis_name: str | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    r"""``steps`` Metropolis steps towards :math:`|\psi|^2` for every walker.
+
+    Each step proposes :math:`x' = x + \sigma\xi` (Gaussian :math:`\xi`) and accepts
+    it with probability :math:`\min(1, e^{2(\log|\psi(x')|-\log|\psi(x)|)})`. Inside
+    ``shard_map`` the replicated ``key`` is first made the device's own,
+    ``fold_in(key, axis_index(axis_name))``: the devices draw different proposals,
+    and device ``s`` runs exactly the one-device chain of its block with the key
+    ``fold_in(key, s)``. The acceptance rate is the mean over all walkers and steps
+    (a ``pmean`` over devices, which hold equally many walkers).
+
+    Args:
+        log_psi: ``log_psi(params, positions (n, 3)) -> scalar``.
+        params: its parameters (replicated).
+        walkers: ``(B, n, 3)`` floating-point positions (this device's block).
+        key: a PRNG key (replicated).
+        steps: the number of steps, a positive int.
+        step_size: the proposal's standard deviation :math:`\sigma > 0`.
+        axis_name: ``None`` on one device, else the mesh axis of the walkers.
+
+    Returns:
+        ``(walkers (B, n, 3), acceptance rate ())``, the rate invariant.
+
+    Raises:
+        TypeError: ``log_psi`` not callable; integer walkers; a bad ``axis_name``.
+        ValueError: walkers not ``(B, n, 3)``; ``steps`` or ``step_size`` not
+            positive.
+    """
+    _check_log_psi(log_psi)
+    walkers = _check_walkers(walkers)
+    _check_axis_name(axis_name)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if isinstance(step_size, bool) or not (
+        isinstance(step_size, (int, float)) and step_size > 0
+    ):
+        raise ValueError(f"step_size must be a positive number, got {step_size!r}")
+    if axis_name is not None:
+        key = jax.random.fold_in(key, lax.axis_index(axis_name))
+    batch = jax.vmap(log_psi, in_axes=(None, 0))
+
+    def step(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
+        x, logp, accepted = carry
+        k_move, k_accept = jax.random.split(k)
+        proposal = x + step_size * jax.random.normal(k_move, x.shape, x.dtype)
+        logp_new = batch(params, proposal)
+        u = jax.random.uniform(k_accept, logp.shape, x.dtype)
+        ok = jnp.log(u) < 2.0 * (logp_new - logp)
+        x = jnp.where(ok[:, None, None], proposal, x)
+        logp = jnp.where(ok, logp_new, logp)
+        return (x, logp, accepted + jnp.mean(ok.astype(x.dtype))), None
+
+    zero = jnp.zeros((), walkers.dtype)
+    if axis_name is not None:
+        zero = compat.pcast_varying(zero, axis_name)  # the carry varies per device
+    init = (walkers, batch(params, walkers), zero)
+    (x, _, accepted), _ = lax.scan(step, init, jax.random.split(key, steps))
+    rate = accepted / steps
+    return x, rate if axis_name is None else lax.pmean(rate, axis_name)
+
+
+def local_energies(
+    log_psi: LogPsi, params: Params, walkers: jax.Array, *, omega: float = 1.0
+) -> jax.Array:
+    r""":math:`E_L = -\tfrac12(\Delta\log|\psi|+|\nabla\log|\psi||^2) + V` per walker.
+
+    The gradient and Laplacian come from one forward pass,
+    :func:`beyondgrad.forward_laplacian.forward_laplacian`; :math:`V` is
+    :func:`beyondgrad.vmc.potential_energy` (trap + Coulomb). Each walker is
+    independent, so this is the same inside ``shard_map`` (no collective).
+
+    Args:
+        log_psi: ``log_psi(params, positions (n, 3)) -> scalar``.
+        params: its parameters.
+        walkers: ``(B, n, 3)`` floating-point positions.
+        omega: the trap frequency.
+
+    Returns:
+        ``(B,)`` local energies.
+
+    Raises:
+        TypeError: ``log_psi`` not callable; integer walkers.
+        ValueError: walkers not ``(B, n, 3)``.
+    """
+    _check_log_psi(log_psi)
+    walkers = _check_walkers(walkers)
+    shape = walkers.shape[1:]
+
+    def one(x: jax.Array) -> jax.Array:
+        f = lambda r: log_psi(params, r.reshape(shape))  # noqa: E731
+        _, grad, lap = forward_laplacian(f, x.reshape(-1))
+        return -0.5 * (lap + grad @ grad) + potential_energy(x, omega=omega)
+
+    return jax.vmap(one)(walkers)
+
+
+def clip_local_energies(
+    e_l: jax.Array, *, scale: float = 5.0, axis_name: str | None = None
+) -> jax.Array:
+    r"""Clip local energies to :math:`m \pm` ``scale`` :math:`\cdot\,\mathrm{MAD}`.
+
+    :math:`m` is the median of all walkers' energies (an ``all_gather`` inside
+    ``shard_map``: a median is not a sum of per-device parts) and MAD their mean
+    absolute deviation from it, :math:`\frac1N\sum_b|E_L(x_b)-m|` (a ``pmean``), as
+    FermiNet clips (its ``clip_local_values``). Near a node of :math:`\psi` the
+    kinetic energy diverges; the clipped values bound its weight in the gradient.
+
+    Args:
+        e_l: ``(B,)`` local energies (this device's walkers).
+        scale: the half-width in units of the MAD, a positive number.
+        axis_name: ``None`` on one device, else the mesh axis of the walkers.
+
+    Returns:
+        ``(B,)`` clipped energies.
+
+    Raises:
+        ValueError: ``e_l`` not 1-D; ``scale`` not positive.
+        TypeError: a bad ``axis_name``.
+    """
+    _check_axis_name(axis_name)
+    e_l = jnp.asarray(e_l)
+    if e_l.ndim != 1:
+        raise ValueError(f"e_l must be 1-D (one energy per walker), got {e_l.shape}")
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and scale > 0):
+        raise ValueError(f"scale must be a positive number, got {scale!r}")
+    everyone = e_l if axis_name is None else lax.all_gather(e_l, axis_name, tiled=True)
+    median = jnp.median(everyone)
+    deviation = jnp.mean(jnp.abs(e_l - median))
+    if axis_name is not None:
+        deviation = lax.pmean(deviation, axis_name)
+    return jnp.clip(e_l, median - scale * deviation, median + scale * deviation)
+
+
+def per_walker_grads(
+    log_psi: LogPsi,
+    params: Params,
+    walkers: jax.Array,
+    *,
+    axis_name: str | None = None,
+) -> tuple[jax.Array, Callable[[jax.Array], Params]]:
+    r"""The matrix :math:`O_{bk} = \partial_{\theta_k}\log|\psi(x_b)|`, one row per walker.
+
+    Inside ``shard_map`` the replicated (invariant) ``params`` are first cast to
+    varying over ``axis_name`` (:func:`beyondgrad.compat.pcast_varying`). Without
+    the cast, ``vmap(grad)`` differentiates with respect to an invariant value, whose
+    cotangent is summed over devices: depending on the JAX version that is an error,
+    or row ``b`` of every device silently becomes the sum over devices of the rows
+    at local index ``b`` (Chapter 6).
+
+    Args:
+        log_psi: ``log_psi(params, positions (n, 3)) -> scalar``.
+        params: its parameters, a pytree of floating-point arrays.
+        walkers: ``(B, n, 3)`` floating-point positions.
+        axis_name: ``None`` on one device, else the mesh axis of the walkers.
+
+    Returns:
+        ``(O (B, P), unravel)``: ``P`` is the number of parameters, ordered as
+        ``jax.flatten_util.ravel_pytree(params)``; ``unravel`` maps a ``(P,)`` vector
+        back to a pytree like ``params``.
+
+    Raises:
+        TypeError: ``log_psi`` not callable; integer walkers; a bad ``axis_name``.
+        ValueError: walkers not ``(B, n, 3)``.
+    """
+    _check_log_psi(log_psi)
+    walkers = _check_walkers(walkers)
+    _check_axis_name(axis_name)
+    _, unravel = ravel_pytree(params)
+    if axis_name is not None:
+        params = compat.pcast_varying(params, axis_name)
+
+    def row(x: jax.Array) -> jax.Array:
+        return ravel_pytree(jax.grad(log_psi)(params, x))[0]
+
+    return jax.vmap(row)(walkers), unravel
+
+
+def natural_gradient(
+    o: jax.Array,
+    e_l: jax.Array,
+    *,
+    damping: float,
+    method: Literal["sr", "minsr"] = "sr",
+    axis_name: str | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    r"""The energy gradient :math:`g` and the damped natural-gradient step :math:`\delta`.
+
+    ``method="sr"``: :math:`\delta = (S+\lambda I)^{-1}g`, :math:`S = \tilde
+    O^\top\tilde O` (:math:`P\times P`), its blocks summed over devices with one
+    ``psum``. ``method="minsr"``: :math:`\delta = \tilde O^\top(T+\lambda
+    I)^{-1}2\epsilon`, :math:`T = \tilde O\tilde O^\top` (:math:`N\times N`) from an
+    ``all_gather`` of :math:`\tilde O`; each device multiplies its own rows and a
+    ``psum`` adds them. The two are equal for the same :math:`\lambda` (module
+    docstring). Both outputs are invariant inside ``shard_map``.
+
+    Args:
+        o: ``(B, P)`` per-walker gradients (:func:`per_walker_grads`).
+        e_l: ``(B,)`` local energies (clipped or not).
+        damping: :math:`\lambda > 0`.
+        method: ``"sr"`` or ``"minsr"``.
+        axis_name: ``None`` on one device, else the mesh axis of the walkers.
+
+    Returns:
+        ``(g (P,), delta (P,))``.
+
+    Raises:
+        ValueError: shapes that do not match; an unknown method; ``damping`` not
+            positive.
+        TypeError: a bad ``axis_name``.
+    """
+    _check_axis_name(axis_name)
+    o, e_l = jnp.asarray(o), jnp.asarray(e_l)
+    if o.ndim != 2 or e_l.shape != o.shape[:1]:
+        raise ValueError(
+            f"o must be (B, P) and e_l (B,), got {o.shape} and {e_l.shape}"
+        )
+    if method not in ("sr", "minsr"):
+        raise ValueError(f"method must be 'sr' or 'minsr', got {method!r}")
+    if isinstance(damping, bool) or not (
+        isinstance(damping, (int, float)) and damping > 0
+    ):
+        raise ValueError(f"damping must be a positive number, got {damping!r}")
+    local, p = o.shape
+    n = _count(local, axis_name)
+    o_c = (o - _total(o, axis_name) / n) / math.sqrt(n)
+    eps = (e_l - _total(e_l, axis_name) / n) / math.sqrt(n)
+    g = 2.0 * _total(o_c * eps[:, None], axis_name)
+    if method == "sr":
+        s = _total(o_c[:, :, None] * o_c[:, None, :], axis_name)
+        return g, jnp.linalg.solve(s + damping * jnp.eye(p, dtype=o.dtype), g)
+    first: jax.Array | int = 0
+    if axis_name is None:
+        o_all, eps_all = o_c, eps
+    else:
+        o_all = lax.all_gather(o_c, axis_name, tiled=True)
+        eps_all = lax.all_gather(eps, axis_name, tiled=True)
+        first = lax.axis_index(axis_name) * local
+    t = o_all @ o_all.T
+    y = jnp.linalg.solve(t + damping * jnp.eye(n, dtype=o.dtype), 2.0 * eps_all)
+    mine = lax.dynamic_slice_in_dim(y, first, local)
+    return g, _total(o_c * mine[:, None], axis_name)
+
+
+def collective_bytes(kind: str, nbytes: int, devices: int) -> int:
+    r"""Bytes each device sends in a bandwidth-optimal ring collective.
+
+    ``nbytes`` is the size of the full array: the gathered result of an all-gather,
+    the per-device input of a reduce-scatter or an all-reduce. With :math:`D`
+    devices an all-gather and a reduce-scatter each send :math:`\frac{D-1}{D}`
+    ``nbytes`` per device, and an all-reduce is a reduce-scatter followed by an
+    all-gather: :math:`2\frac{D-1}{D}` ``nbytes``. Divided by a link's bandwidth this
+    is the collective's time when bandwidth, not latency, bounds it.
+
+    Args:
+        kind: ``"all_gather"``, ``"reduce_scatter"`` or ``"all_reduce"``.
+        nbytes: the full array's size in bytes, a non-negative int.
+        devices: the number of devices :math:`D`, a positive int.
+
+    Returns:
+        Bytes sent per device (an int: exact when ``nbytes`` divides by ``devices``).
+
+    Raises:
+        ValueError: an unknown kind, a negative size or a non-positive count.
+    """
+    if kind not in ("all_gather", "reduce_scatter", "all_reduce"):
+        raise ValueError(
+            f"kind must be 'all_gather', 'reduce_scatter' or 'all_reduce', got {kind!r}"
+        )
+    for value, what in ((nbytes, "nbytes"), (devices, "devices")):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{what} must be an int, got {value!r}")
+    if nbytes < 0 or devices < 1:
+        raise ValueError(
+            f"nbytes must be >= 0 and devices >= 1, got {nbytes} and {devices}"
+        )
+    one = nbytes * (devices - 1) // devices
+    return 2 * one if kind == "all_reduce" else one
+
+
+def collectives_in(jaxpr: Any) -> list[tuple[str, int]]:
+    """The collectives of a ``shard_map`` body: ``(kind, full array bytes)`` each.
+
+    Walks ``jaxpr`` (from ``jax.make_jaxpr``) and its sub-jaxprs for the primitives
+    of :data:`COLLECTIVES`. The bytes are what :func:`collective_bytes` takes: the
+    gathered output of an all-gather, the input of a sum.
+
+    Args:
+        jaxpr: a (closed) jaxpr.
+
+    Returns:
+        A list of ``(kind, nbytes)`` in program order.
+
+    Raises:
+        TypeError: ``jaxpr`` is not a jaxpr.
+    """
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    if not hasattr(inner, "eqns"):
+        raise TypeError(
+            f"expected a jaxpr (from jax.make_jaxpr), got {type(jaxpr).__name__}"
+        )
+    found: list[tuple[str, int]] = []
+    for eqn in inner.eqns:
+        kind = COLLECTIVES.get(eqn.primitive.name)
+        if kind is not None:
+            avals = (
+                [v.aval for v in eqn.outvars]
+                if kind == "all_gather"
+                else [v.aval for v in eqn.invars]
+            )
+            for aval in avals:
+                found.append((kind, math.prod(aval.shape) * aval.dtype.itemsize))
+        for value in eqn.params.values():
+            subs = value if isinstance(value, (tuple, list)) else [value]
+            for sub in subs:
+                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                    found.extend(collectives_in(sub))
+    return found

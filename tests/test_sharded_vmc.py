@@ -1,0 +1,240 @@
+"""beyondgrad.sharded_vmc: each piece, and the whole step, inside shard_map on 8 CPU
+devices against the same computation on one device (float64 NumPy or
+beyondgrad.vmc), and bad input."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.flatten_util import ravel_pytree
+from jax.sharding import PartitionSpec as P
+
+from beyondgrad import compat, runtime, vmc, wavefunctions
+from beyondgrad import sharded_vmc as sv
+
+runtime.ensure_cpu_devices(8)
+D = 8
+LOG_PSI = wavefunctions.mlp_log_psi
+
+
+def shard(body, in_specs, out_specs, mesh=None):
+    mesh = mesh or compat.make_mesh((D,), ("data",))
+    return jax.jit(
+        jax.shard_map(
+            body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def problem():
+    with jax.enable_x64(True):
+        params = wavefunctions.init_params(
+            jax.random.key(1), 3, hidden=6, dtype=jnp.float64
+        )
+        walkers = jax.random.normal(jax.random.key(2), (32, 3, 3), jnp.float64)
+        walkers, _ = vmc.sample_walkers(
+            LOG_PSI, params, walkers, jax.random.key(3), steps=20, step_size=0.5
+        )
+    return params, walkers
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def test_metropolis_per_device_keys_match_one_device_blocks(problem):
+    params, walkers = problem
+    key = jax.random.key(4)
+    with jax.enable_x64(True):
+        body = lambda p, w, k: sv.metropolis(  # noqa: E731
+            LOG_PSI, p, w, k, steps=5, step_size=0.4, axis_name="data"
+        )
+        got, rate = shard(body, (P(), P("data"), P()), (P("data"), P()))(
+            params, walkers, key
+        )
+        blocks = [
+            sv.metropolis(
+                LOG_PSI, params, w, jax.random.fold_in(key, s), steps=5, step_size=0.4
+            )
+            for s, w in enumerate(jnp.split(walkers, D))
+        ]
+    assert np.array_equal(got, jnp.concatenate([w for w, _ in blocks]))
+    assert abs(float(rate) - np.mean([float(r) for _, r in blocks])) < 1e-15
+    # different devices moved differently (the keys differ)
+    moves = np.asarray(got - walkers).reshape(D, -1)
+    assert not np.allclose(moves[0], moves[1])
+
+
+def test_local_energies_match_vmc_loop(problem):
+    params, walkers = problem
+    with jax.enable_x64(True):
+        got = shard(
+            lambda p, w: sv.local_energies(LOG_PSI, p, w),
+            (P(), P("data")),
+            P("data"),
+        )(params, walkers)
+        want = jax.vmap(
+            lambda x: vmc.local_energy(LOG_PSI, params, x, method="hessian")
+        )(walkers)
+    assert rel(got, want) < 1e-13
+
+
+def test_clip_matches_numpy_median_and_mad():
+    rng = np.random.default_rng(0)
+    e = rng.standard_t(2, 48) + 3.0
+    with jax.enable_x64(True):
+        got = shard(
+            lambda v: sv.clip_local_energies(v, scale=1.5, axis_name="data"),
+            P("data"),
+            P("data"),
+        )(jnp.asarray(e))
+        one = sv.clip_local_energies(jnp.asarray(e), scale=1.5)
+    m = np.median(e)
+    mad = np.mean(np.abs(e - m))
+    want = np.clip(e, m - 1.5 * mad, m + 1.5 * mad)
+    assert np.sum(want != e) >= 2
+    assert np.max(np.abs(np.asarray(got) - want)) < 1e-13
+    assert np.max(np.abs(np.asarray(one) - want)) < 1e-13
+
+
+def test_per_walker_grads_cast_and_the_uncast_trap(problem):
+    params, walkers = problem
+    with jax.enable_x64(True):
+        want = jax.vmap(lambda x: ravel_pytree(jax.grad(LOG_PSI)(params, x))[0])(
+            walkers
+        )
+        got = shard(
+            lambda p, w: sv.per_walker_grads(LOG_PSI, p, w, axis_name="data")[0],
+            (P(), P("data")),
+            P("data"),
+        )(params, walkers)
+        assert rel(got, want) < 1e-14
+
+        def uncast(p, w):
+            g = jax.vmap(jax.grad(LOG_PSI), in_axes=(None, 0))(p, w)
+            return jax.vmap(lambda t: ravel_pytree(t)[0])(g)
+
+        try:
+            wrong = shard(uncast, (P(), P("data")), P("data"))(params, walkers)
+        except TypeError:
+            return  # JAX 0.8.2 refuses: loud, fine
+    # newer JAX: silently the sum over devices at each local index, never right
+    summed = np.tile(np.asarray(want).reshape(D, -1, want.shape[1]).sum(0), (D, 1))
+    assert rel(wrong, summed) < 1e-13
+    assert rel(wrong, want) > 0.1
+
+
+@pytest.mark.parametrize("method", ["sr", "minsr"])
+def test_natural_gradient_matches_numpy_and_vmc(problem, method):
+    params, walkers = problem
+    damping = 1e-3
+    with jax.enable_x64(True):
+        o, _ = sv.per_walker_grads(LOG_PSI, params, walkers)
+        e = sv.local_energies(LOG_PSI, params, walkers)
+        g, delta = shard(
+            lambda a, b: sv.natural_gradient(
+                a, b, damping=damping, method=method, axis_name="data"
+            ),
+            (P("data"), P("data")),
+            P(),
+        )(o, e)
+        g1, delta1 = sv.natural_gradient(o, e, damping=damping, method=method)
+        centred = e - jnp.mean(e)  # Chapter 5's surrogate loss, no matrix O
+
+        def surrogate(p):
+            return 2 * jnp.mean(centred * jax.vmap(LOG_PSI, (None, 0))(p, walkers))
+
+        g_vmc = ravel_pytree(jax.grad(surrogate)(params))[0]
+    o, e = np.asarray(o), np.asarray(e)
+    n = len(e)
+    oc = (o - o.mean(0)) / np.sqrt(n)
+    eps = (e - e.mean()) / np.sqrt(n)
+    g_np = 2 * oc.T @ eps
+    a = oc.T @ oc + damping * np.eye(o.shape[1])
+    delta_np = np.linalg.solve(a, g_np)
+    # solve tolerance: condition number x float64 rounding, x100
+    tol = 100 * np.linalg.cond(a) * 2.2e-16
+    assert rel(g, g_np) < 1e-13 and rel(g1, g_np) < 1e-13
+    assert rel(g, g_vmc) < 1e-13
+    assert rel(delta, delta_np) < tol and rel(delta1, delta_np) < tol
+    # the update differs from the plain gradient (not a disguised identity)
+    assert rel(delta_np, g_np) > 0.1
+
+
+def test_whole_step_float32_against_float64_reference(problem):
+    """The step as a team runs it (float32) against the float64 reference: float32
+    rounding (1.2e-7) times the growth of the solve bounds the update."""
+    params64, walkers64 = problem
+    params = jax.tree.map(lambda a: a.astype(jnp.float32), params64)
+    walkers = walkers64.astype(jnp.float32)
+
+    def body(p, w, axis_name="data"):
+        e = sv.local_energies(LOG_PSI, p, w)
+        energy = jnp.mean(e) if axis_name is None else lax.pmean(jnp.mean(e), "data")
+        o, _ = sv.per_walker_grads(LOG_PSI, p, w, axis_name=axis_name)
+        g, d = sv.natural_gradient(o, e, damping=1e-1, axis_name=axis_name)
+        return energy, g, d
+
+    energy, g, d = shard(body, (P(), P("data")), P())(params, walkers)
+    with jax.enable_x64(True):
+        e64, g64, d64 = body(params64, walkers64, axis_name=None)
+    assert energy.dtype == jnp.float32
+    assert rel(energy, e64) < 1e-5
+    assert rel(g, g64) < 1e-4
+    assert rel(d, d64) < 1e-3
+
+
+def test_collective_bytes_ring_accounting():
+    assert sv.collective_bytes("all_gather", 800, 8) == 700
+    assert sv.collective_bytes("reduce_scatter", 800, 8) == 700
+    assert sv.collective_bytes("all_reduce", 800, 8) == 1400
+    assert sv.collective_bytes("all_reduce", 800, 1) == 0
+
+
+def test_collectives_in_lists_psum_and_all_gather():
+    def body(x):
+        y = lax.all_gather(x, "data", tiled=True)
+        return lax.psum(jnp.sum(x * 2), "data") + y  # y is varying
+
+    with jax.enable_x64(True):
+        jaxpr = jax.make_jaxpr(shard(body, P("data"), P("data")))(jnp.ones(16))
+    kinds = sv.collectives_in(jaxpr)
+    assert ("all_gather", 16 * 8) in kinds
+    assert ("all_reduce", 8) in kinds
+    with pytest.raises(TypeError, match="jaxpr"):
+        sv.collectives_in("not a jaxpr")
+
+
+@pytest.mark.parametrize(
+    "call, exc, words",
+    [
+        (lambda: sv.metropolis(1, {}, jnp.ones((2, 3, 3)), None, steps=1,
+                               step_size=1.0), TypeError, "log_psi"),
+        (lambda: sv.metropolis(LOG_PSI, {}, jnp.ones((2, 3)), None, steps=1,
+                               step_size=1.0), ValueError, "batch, n, 3"),
+        (lambda: sv.metropolis(LOG_PSI, {}, jnp.ones((2, 3, 3)), None, steps=0,
+                               step_size=1.0), ValueError, "steps"),
+        (lambda: sv.local_energies(LOG_PSI, {}, jnp.ones((2, 3, 3), int)),
+         TypeError, "floating"),
+        (lambda: sv.clip_local_energies(jnp.ones((2, 2))), ValueError, "1-D"),
+        (lambda: sv.clip_local_energies(jnp.ones(4), scale=0), ValueError, "scale"),
+        (lambda: sv.clip_local_energies(jnp.ones(4), axis_name=0), TypeError,
+         "axis_name"),
+        (lambda: sv.natural_gradient(jnp.ones((4, 2)), jnp.ones(3), damping=1.0),
+         ValueError, "(B, P)"),
+        (lambda: sv.natural_gradient(jnp.ones((4, 2)), jnp.ones(4), damping=0.0),
+         ValueError, "damping"),
+        (lambda: sv.natural_gradient(jnp.ones((4, 2)), jnp.ones(4), damping=1.0,
+                                     method="kfac"), ValueError, "'sr' or 'minsr'"),
+        (lambda: sv.collective_bytes("broadcast", 8, 2), ValueError, "kind"),
+        (lambda: sv.collective_bytes("all_gather", -1, 2), ValueError, "nbytes"),
+    ],
+)  # fmt: skip
+def test_bad_input(call, exc, words):
+    with pytest.raises(exc, match=words.replace("(", r"\(").replace(")", r"\)")):
+        call()
