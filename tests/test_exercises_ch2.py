@@ -192,6 +192,31 @@ def test_check_transpose_bad_inputs(answer, text):
     assert text in str(fb), str(fb)
 
 
+def _retyped_and_transposed(v):
+    """The map typed again in jnp, transposed by JAX: not the exercise."""
+    w = jnp.linspace(1.0, 2.0, 6)
+    retyped = lambda p: jnp.cumsum(p["x"]) - jnp.roll(p["x"], 1) + p["s"] * w  # noqa: E731
+    return jax.linear_transpose(retyped, ch2.exercise_map_input())(v)[0]
+
+
+def _retyped_vjp(v):
+    w = jnp.linspace(1.0, 2.0, 6)
+    retyped = lambda p: jnp.cumsum(p["x"]) - jnp.roll(p["x"], 1) + p["s"] * w  # noqa: E731
+    return jax.vjp(retyped, ch2.exercise_map_input())[1](v)[0]
+
+
+@pytest.mark.parametrize(
+    "answer, name",
+    [(_retyped_and_transposed, "linear_transpose"), (_retyped_vjp, "vjp")],
+)
+def test_check_transpose_refuses_jax_transposing_a_retyped_map(answer, name):
+    fb = ch2.check_transpose(answer)
+    assert not fb.passed and f"your answer called jax.{name}" in str(fb), str(fb)
+    assert "dot-product test" in str(fb)
+    # and JAX is whole again afterwards
+    assert jax.linear_transpose(lambda x: 2.0 * x, 1.0)(1.0) == (2.0,)
+
+
 def test_check_transpose_float64_answer_is_named():
     with jax.enable_x64(True):
         fb = ch2.check_transpose(
@@ -217,33 +242,37 @@ def test_stub_is_not_attempted_for_every_checker():
 
 
 def linearize_jacrev(f, params):
+    """One linearization, one transpose per entry of each output leaf (a loop)."""
     out, f_jvp = jax.linearize(f, params)
     f_t = jax.linear_transpose(f_jvp, params)
     leaves, treedef = jax.tree.flatten(out)
-    rows = []
-    for i in range(len(leaves)):
-        ct = [
-            jnp.ones_like(x) if j == i else jnp.zeros_like(x)
-            for j, x in enumerate(leaves)
-        ]
-        rows.append(f_t(treedef.unflatten(ct))[0])
-    return treedef.unflatten(rows)
+    jac = []
+    for i, leaf in enumerate(leaves):
+        rows = []
+        for k in range(leaf.size):
+            ct = [jnp.zeros_like(x) for x in leaves]
+            ct[i] = jnp.zeros(leaf.size, leaf.dtype).at[k].set(1).reshape(leaf.shape)
+            rows.append(f_t(treedef.unflatten(ct))[0])
+        jac.append(
+            jax.tree.map(
+                lambda *r, s=leaf.shape: jnp.stack(r).reshape(s + r[0].shape), *rows
+            )
+        )
+    return treedef.unflatten(jac)
 
 
 def per_output_grad(f, params):
-    """A second method: grad of each output separately."""
+    """grad of each output: correct numbers for scalar outputs, but banned."""
     out = f(params)
     leaves, treedef = jax.tree.flatten(out)
     grads = [
-        jax.grad(lambda p, i=i: jax.tree.leaves(f(p))[i])(params)
+        jax.grad(lambda p, i=i: jnp.sum(jax.tree.leaves(f(p))[i]))(params)
         for i in range(len(leaves))
     ]
     return treedef.unflatten(grads)
 
 
-@pytest.mark.parametrize(
-    "answer", [linearize_jacrev, per_output_grad, lambda f, p: jax.jacrev(f)(p)]
-)
+@pytest.mark.parametrize("answer", [linearize_jacrev])
 def test_check_rebuilt_jacrev_accepts_right_answers(answer):
     assert ch2.check_rebuilt_jacrev(answer, strict=True).passed
 
@@ -258,7 +287,7 @@ def test_check_rebuilt_jacrev_against_float64_finite_differences():
         got = linearize_jacrev(ch2.exercise_losses, params)
         flat, unravel = jax.flatten_util.ravel_pytree(params)
         eps = 1e-6
-        for key in ("fit", "reg"):
+        for key in ("fit", "reg"):  # the scalar outputs
             fd = [
                 (
                     ch2.exercise_losses(unravel(flat + eps * e))[key]
@@ -279,37 +308,47 @@ def _summed_outputs(f, params):  # pulls back all-ones: the gradient of the sum
 
 
 JACREV_WRONG = [
-    ("summed outputs", _summed_outputs, "differs from the reference at index ("),
+    (
+        "summed outputs",
+        _summed_outputs,
+        "a cotangent of ones_like(leaf) pulls back the sum",
+    ),
     (
         "scaled 1e-3",
-        lambda f, p: jax.tree.map(lambda a: a * 1.001, jax.jacrev(f)(p)),
+        lambda f, p: jax.tree.map(lambda a: a * 1.001, linearize_jacrev(f, p)),
         "relative error 1.00e-03",
     ),
+    ("jax.jacrev itself", lambda f, p: jax.jacrev(f)(p), "called jax.jacrev"),
+    ("jax.jacfwd itself", lambda f, p: jax.jacfwd(f)(p), "called jax.jacfwd"),
+    ("grad per output", per_output_grad, "called jax.grad"),
+    ("vjp", lambda f, p: jax.vjp(f, p)[1], "called jax.vjp"),
     (
         "grad of dict",
         lambda f, p: jax.grad(f)(p),
-        "your function raised TypeError: Gradient only defined for scalar-output functions",
+        "your answer called jax.grad: build the Jacobian from jax.linearize",
     ),
     ("value not function", 3.0, "you passed a value (float)"),
     (
         "list not dict",
-        lambda f, p: list(jax.tree.leaves(jax.jacrev(f)(p))),
+        lambda f, p: list(jax.tree.leaves(linearize_jacrev(f, p))),
         "has structure",
     ),
     (
         "nan",
-        lambda f, p: jax.tree.map(lambda a: a * jnp.nan, jax.jacrev(f)(p)),
+        lambda f, p: jax.tree.map(lambda a: a * jnp.nan, linearize_jacrev(f, p)),
         "nan/inf does not match",
     ),
     (
         "int dtype",
-        lambda f, p: jax.tree.map(lambda a: a.astype(jnp.int32), jax.jacrev(f)(p)),
+        lambda f, p: jax.tree.map(
+            lambda a: a.astype(jnp.int32), linearize_jacrev(f, p)
+        ),
         "has dtype int32, expected a floating dtype",
     ),
     (
         "wrong shape",
-        lambda f, p: jax.tree.map(lambda a: a.T, jax.jacrev(f)(p)),
-        "['w'] has shape (3, 2), expected (2, 3)",
+        lambda f, p: jax.tree.map(lambda a: a[..., None], linearize_jacrev(f, p)),
+        "['b'] has shape (",
     ),
 ]
 
@@ -329,7 +368,7 @@ def test_check_rebuilt_jacrev_reports_the_eager_error_not_jits():
     def needs_concrete(f, params):
         if float(params["b"][0]) > 100:  # concrete Python control flow
             raise AssertionError
-        return jax.jacrev(f)(params)
+        return linearize_jacrev(f, params)
 
     assert ch2.check_rebuilt_jacrev(needs_concrete).passed
 
@@ -426,12 +465,25 @@ def test_check_jacobian_strategy_wrong_and_bad_answers(answer, text):
         ch2.check_jacobian_strategy(answer, strict=True)
 
 
+def test_check_rebuilt_jacrev_draws_sizes_and_restores_jax():
+    seen = set()
+
+    def record(f, params):
+        seen.add(params["w"].shape)
+        return linearize_jacrev(f, params)
+
+    for _ in range(4):
+        assert ch2.check_rebuilt_jacrev(record).passed
+    assert len(seen) > 1, seen  # sizes are drawn, not fixed
+    assert jax.grad(lambda x: x**2)(3.0) == 6.0  # the ban is lifted afterwards
+
+
 def test_check_rebuilt_jacrev_tolerance_is_pinned():
     # two correct methods agree with jax.jacrev to 1e-8; JACREV_RTOL is 1e-6
     rtol = ch2.JACREV_RTOL
 
     def scaled(factor):
-        return lambda f, p: jax.tree.map(lambda a: a * factor, per_output_grad(f, p))
+        return lambda f, p: jax.tree.map(lambda a: a * factor, linearize_jacrev(f, p))
 
     far = ch2.check_rebuilt_jacrev(scaled(1 + 3 * rtol))
     assert not far.passed and "differs from the reference" in str(far), str(far)

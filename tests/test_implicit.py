@@ -992,3 +992,54 @@ def test_the_old_names_are_gone():
         "ridge_closed_form",
     ):
         assert not hasattr(im, name), name
+
+
+# --- compat.krylov_without_device_put: which Krylov solver transposes (chapter 3) ----
+
+
+def test_cg_transposes_without_its_device_put_and_gmres_does_not():
+    from jax.scipy.sparse.linalg import cg, gmres
+
+    a = jnp.array([[3.0, 1.0], [1.0, 2.0]])
+    b, e1 = jnp.ones(2), jnp.array([1.0, 0.0])
+    want = np.linalg.solve(np.asarray(a).T, np.asarray(e1))
+
+    def transpose(solver):
+        solve_y = lambda y: solver(lambda v: a @ v, y, tol=1e-10)[0]  # noqa: E731
+        return jax.linear_transpose(solve_y, b)(e1)[0]
+
+    for solver in (cg, gmres):
+        with pytest.raises(NotImplementedError):
+            transpose(solver)
+    with compat.krylov_without_device_put():
+        np.testing.assert_allclose(transpose(cg), want, rtol=1e-5)
+        with pytest.raises(NotImplementedError):
+            transpose(gmres)
+    with pytest.raises(NotImplementedError):  # restored on exit
+        transpose(cg)
+
+
+def test_unrolled_memory_follows_max_iter_not_the_steps_taken():
+    params = figs.deq_params(jax.random.key(0), d=16, d_in=4)
+    z0 = jnp.zeros(16)
+
+    def temp(adjoint, max_iter):
+        def loss(w):
+            z, _ = im.fixed_point(
+                figs.deq_layer,
+                z0,
+                {**params, "W": w},
+                adjoint=adjoint,
+                tol=1e-5,
+                max_iter=max_iter,
+            )
+            return z.sum()
+
+        compiled = jax.jit(jax.grad(loss)).lower(params["W"]).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    _, info = im.fixed_point(figs.deq_layer, z0, params, tol=1e-5)
+    assert int(info.iterations) < 100  # the solve stops early ...
+    # ... yet the unrolled gradient stores max_iter steps; the implicit one does not
+    assert temp("unrolled", 1000) > 5 * temp("unrolled", 100)
+    assert temp("implicit", 1000) == temp("implicit", 100)

@@ -77,12 +77,27 @@ def _five_iterations(theta):
 
 
 def _loose_tolerance_grad(b):
+    # the tangent solver of the chapter's suspicious_grad kept: only the tolerance
+    # tightened, which is what a student who did not diagnose would try first
     params = ch3_checks.exercise3_params()
+
+    def series_solve(g, y):
+        def add_term(_, carry):
+            term, total = carry
+            term = g(term) + term
+            return term, total + term
+
+        return -lax.fori_loop(0, 19, add_term, (y, y))[1]
 
     def total(bb):
         p = {**params, "b": bb}
         z, _ = implicit.fixed_point(
-            figs.deq_layer, jnp.zeros_like(bb), p, tol=1e-3, max_iter=1000
+            figs.deq_layer,
+            jnp.zeros_like(bb),
+            p,
+            tol=1e-14,
+            max_iter=1000,
+            tangent_solver=series_solve,
         )
         return jnp.sum(z)
 
@@ -353,12 +368,14 @@ MISTAKES = [
                 ex2.exercise_linear_map, ex2.exercise_map_input()
             )(v)
         ),
-        "your transpose raised ValueError: Pure callbacks do not support transpose.",
+        "your transpose raised RuntimeError: your answer called jax.linear_transpose: "
+        "write the transpose by hand",
     ),
     Mistake(
         "ch2-grad-of-dict",
         lambda: ex2.check_rebuilt_jacrev(lambda f, p: jax.grad(f)(p)),
-        "your function raised TypeError: Gradient only defined for scalar-output functions",
+        "your function raised RuntimeError: your answer called jax.grad: build the "
+        "Jacobian from jax.linearize and jax.linear_transpose",
     ),
     Mistake(
         "ch2-per-example-jacfwd",
@@ -429,7 +446,7 @@ MISTAKES = [
     Mistake(
         "ch3-loose-tolerance-fix",
         _loose_tolerance_check,
-        "read the SolverInfo, then tighten the solver's tolerance",
+        "an error far above that residual does not come from the solve",
     ),
     Mistake(
         "ch3-sqrtm-tuple",

@@ -577,3 +577,51 @@ def test_linearization_rules_are_a_few_primitives_and_jvp_is_the_fallback():
     assert "primitive_jvps" in inspect.getsource(compat.fallback_linearize_rule())
     assert "JaxprTrace(" in inspect.getsource(compat.linearize_from_jvp())
     assert "backward_pass3" in inspect.getsource(compat.vjp_backward())
+
+
+# --- compat: a hijax primitive with reverse rules only (chapter 2) ------------------
+
+
+def _hi_sin():
+    class HiSin(compat.vjp_hi_primitive_base()):
+        def __init__(self, aval):
+            self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+            super().__init__()
+
+        def expand(self, z):
+            return jnp.sin(z)
+
+        def fwd(self, z):
+            return jnp.sin(z), jnp.cos(z)
+
+        def bwd(self, cos_z, g):
+            return (g * cos_z,)
+
+    return lambda z: HiSin(jax.typeof(z))(z)
+
+
+def test_hijax_primitive_has_grad_and_no_jvp():
+    """The counterexample to "reverse mode needs forward rules", on every supported JAX."""
+    hi_sin = _hi_sin()
+    x = jnp.array([0.1, 0.5, 1.0])
+    np.testing.assert_allclose(hi_sin(x), np.sin(np.asarray(x)), rtol=1e-6)
+    g = jax.jit(jax.grad(lambda z: hi_sin(z).sum()))(x)
+    np.testing.assert_allclose(g, np.cos(np.asarray(x)), rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="jvp"):
+        jax.jvp(hi_sin, (x,), (jnp.ones(3),))
+
+
+def test_pure_callback_has_rules_that_raise_value_error():
+    """pure_callback's JVP and transpose rules exist (and raise ValueError)."""
+    from jax.interpreters import ad
+
+    p = compat.primitive("pure_callback")
+    assert p is not None
+    assert p in ad.primitive_jvps and p in ad.primitive_transposes
+
+    def cb(z):
+        out = jax.ShapeDtypeStruct(z.shape, z.dtype)
+        return jax.pure_callback(np.sin, out, z, vmap_method="expand_dims")
+
+    with pytest.raises(ValueError, match="Pure callbacks do not support JVP"):
+        jax.jvp(cb, (jnp.ones(2),), (jnp.ones(2),))

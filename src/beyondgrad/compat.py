@@ -66,6 +66,7 @@ __all__ = [
     "is_tracer",
     "jax_version",
     "jit_cache_size",
+    "krylov_without_device_put",
     "make_mesh",
     "pcast_varying",
     "primitive",
@@ -74,6 +75,7 @@ __all__ = [
     "uses_custom_root",
     "varying_axes",
     "varying_axes_of_aval",
+    "vjp_hi_primitive_base",
 ]
 
 AxisNames = str | Sequence[str]
@@ -498,6 +500,7 @@ _PRIMITIVE_MODULES = (
     "jax._src.custom_derivatives",
     "jax._src.core",
     "jax._src.interpreters.ad",
+    "jax._src.callback",
 )
 _PRIMITIVES_BY_NAME: dict[str, Any] = {}
 
@@ -613,3 +616,60 @@ def captured_debug_callback_log() -> Iterator[list[logging.LogRecord]]:
         yield records
     finally:
         logger.removeFilter(keep)
+
+
+# ----------------------------------------------------------------------------- Chapter 2
+# An experimental hijax primitive with reverse-mode rules only. The base class and the
+# signature of its forward rule differ across the range:
+#
+# * 0.8.2: ``jax.experimental.hijax.VJPHiPrimitive``, ``vjp_fwd(self, *args)``;
+# * 0.12: ``jax.experimental.hijax.HiPrim``, ``vjp_fwd(self, nzs_in, *args)`` (which
+#   inputs carry a nonzero tangent).
+
+
+def vjp_hi_primitive_base() -> type:
+    """A base class for a hijax primitive defined by ``expand``, ``fwd`` and ``bwd``.
+
+    A subclass sets ``in_avals``, ``out_aval`` and ``params`` in ``__init__`` (then calls
+    ``super().__init__()``) and defines ``expand(*args)`` (the value),
+    ``fwd(*args) -> (value, residuals)`` and ``bwd(residuals, cotangent) -> tuple`` (one
+    cotangent per input). This base maps them onto the running JAX's hijax class
+    (``VJPHiPrimitive`` on 0.8.2, ``HiPrim`` on 0.12) and its ``vjp_fwd`` /
+    ``vjp_bwd_retval`` signatures. Calling an instance binds ``call_hi_primitive``.
+    """
+    from jax.experimental import hijax
+
+    base = getattr(hijax, "HiPrim", None) or getattr(hijax, "VJPHiPrimitive")  # noqa: B009
+    takes_nzs = base.__name__ == "HiPrim"  # vjp_fwd(nzs_in, *args)
+
+    class VJPHiPrim(base):  # type: ignore[misc, valid-type]
+        def vjp_fwd(self, *args: Any) -> Any:
+            return self.fwd(*(args[1:] if takes_nzs else args))
+
+        def vjp_bwd_retval(self, res: Any, ct: Any) -> Any:
+            return self.bwd(res, ct)
+
+    return VJPHiPrim
+
+
+# ----------------------------------------------------------------------------- Chapter 3
+@contextlib.contextmanager
+def krylov_without_device_put() -> Iterator[None]:
+    """Run ``jax.scipy.sparse.linalg``'s ``cg``/``gmres`` without their ``device_put``.
+
+    Both start with ``b, x0 = device_put((b, x0))`` (``jax._src.scipy.sparse.linalg``,
+    0.8.2 and 0.12), one equation whose outputs partial evaluation ties to ``b``, so the
+    initial guess their inner solve closes over depends on ``b``. Inside this context
+    that module sees a ``device_put`` that returns its argument (an experiment for
+    Chapter 3: which of the two solvers then transposes); restored on exit.
+    """
+    import importlib
+    import types
+
+    module: Any = importlib.import_module("jax._src.scipy.sparse.linalg")
+    original = module.api
+    module.api = types.SimpleNamespace(device_put=lambda x: x)
+    try:
+        yield
+    finally:
+        module.api = original

@@ -744,8 +744,10 @@ def fixed_point(
     ``dx* = (I - ∂f/∂x)^{-1} ∂f/∂params · dparams`` costs one linear solve with
     ``tangent_solver`` whatever the number of steps, and the derivative w.r.t. ``x0``
     is zero; ``"unrolled"`` runs the same steps in a ``lax.scan`` and differentiates
-    through them (reverse mode stores every step: memory grows with ``max_iter``; the
-    state freezes once the tolerance is met, so both stop at the same point). Forward
+    through them (the state freezes once the tolerance is met, so both stop at the
+    same point; but the ``scan`` has ``max_iter`` steps, and reverse mode stores the
+    residuals of all of them, frozen ones included: memory grows with ``max_iter``, not
+    with the steps taken, so keep ``max_iter`` near the steps a solve needs). Forward
     and reverse mode, ``jit`` and ``vmap`` all work.
 
     Args:

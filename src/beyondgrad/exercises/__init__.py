@@ -55,6 +55,7 @@ __all__ = [
     "ExerciseFailed",
     "Feedback",
     "call_answer",
+    "call_within",
     "case_rng",
     "check_allclose",
     "early_verdict",
@@ -273,6 +274,40 @@ def call_answer(fn: Any, *args: Any, what: str = "your function", **kwargs: Any)
             f"{what} raised {type(e).__name__}"
             + (f": {text}" if text else " (no message)")
         )
+
+
+def call_within(
+    seconds: float, fn: Any, *args: Any, what: str = "your function", **kwargs: Any
+) -> Any:
+    """:func:`call_answer` with a time limit: a failure message after ``seconds``.
+
+    The call runs in a daemon thread, under the caller's ``jax_enable_x64`` setting
+    (JAX keeps that setting per thread). A compiled loop cannot be interrupted, so
+    after the limit the call goes on in the background; the message says so, and that
+    restarting the kernel stops it.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"seconds must be a number, got {type(seconds).__name__}")
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    x64 = bool(jax.config.jax_enable_x64)
+    result: list[Any] = []
+
+    def run() -> None:
+        with jax.enable_x64(x64):
+            result.append(call_answer(fn, *args, what=what, **kwargs))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive() or not result:
+        return _Failure(
+            f"{what} did not return within {seconds:g} s: it probably never stops (a "
+            "while_loop whose condition stays true, e.g. a tolerance it cannot reach "
+            "and no iteration cap). It is still running in the background: restart "
+            "the kernel to stop it, then cap your loop (k < max_iter)"
+        )
+    return result[0]
 
 
 def failed(value: Any) -> str | None:

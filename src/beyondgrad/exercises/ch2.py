@@ -4,8 +4,10 @@
   :func:`exercise_linear_map`, a linear map computed on the host with NumPy
   (``jax.pure_callback``), which JAX can neither differentiate nor transpose: the
   student must write it.
-* Exercise 2.2: :func:`check_rebuilt_jacrev` — the gradient of every output of a
-  pytree-valued function (any method is accepted; values are checked).
+* Exercise 2.2: :func:`check_rebuilt_jacrev` — the Jacobian of a pytree-valued
+  function with vector and matrix outputs, at drawn sizes, built without ``jax.jacrev``,
+  ``jacfwd``, ``jacobian``, ``hessian``, ``grad``, ``value_and_grad`` or ``vjp``
+  (those raise while the answer runs).
 * Exercise 2.3: :func:`check_jacobian_strategy` — ``"jacfwd"`` or ``"jacrev"`` for
   each case of :func:`strategy_cases`, graded on the cost model (passes = input size for
   ``jacfwd``, output size for ``jacrev``), never on a clock.
@@ -16,6 +18,7 @@ Every checker prints "not attempted yet" for a bare stub and raises only with
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -32,7 +35,9 @@ from beyondgrad.linear import PyTree
 __all__ = [
     "DOT_PRODUCT_TOL",
     "EXERCISE_MAP_SIZE",
+    "JACREV_BANNED",
     "JACREV_RTOL",
+    "TRANSPOSE_BANNED",
     "TRANSPOSE_RTOL",
     "check_jacobian_strategy",
     "check_rebuilt_jacrev",
@@ -132,7 +137,8 @@ def check_transpose(
     ``{"x": f32[6], "s": f32[]}`` (a 1-tuple of it is accepted) matching the reference
     transpose to ``TRANSPOSE_RTOL``; then the dot-product test
     (:func:`beyondgrad.linear.dot_product_test`) against the host map must be below
-    ``DOT_PRODUCT_TOL``. Any method is accepted (JAX cannot transpose the host map).
+    ``DOT_PRODUCT_TOL``. While the answer runs, the names in :data:`TRANSPOSE_BANNED`
+    raise: re-typing the map in ``jnp`` and transposing it with JAX is not the exercise.
     """
     name = "Exercise 2.1, transpose of exercise_linear_map"
     example = exercise_map_input()
@@ -140,7 +146,12 @@ def check_transpose(
     keys = jax.random.split(jax.random.key(21), 3)
     for k, key in enumerate(keys):
         v = jax.random.normal(key, (EXERCISE_MAP_SIZE,), jnp.float32)
-        got = ex.call_answer(answer, v, what="your transpose")
+        with _banned_jax_derivatives(
+            TRANSPOSE_BANNED,
+            "write the transpose by hand, in jnp, and check it with the dot-product "
+            "test (linear.dot_product_test)",
+        ):
+            got = ex.call_answer(answer, v, what="your transpose")
         early = ex.early_verdict(name, got, strict=strict)
         if early is not None:
             return early
@@ -190,15 +201,61 @@ def check_transpose(
 
 
 def exercise_losses(params: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """Two scalar losses of a tiny model with ``params = {w: f32[2, 3], b: f32[3]}``."""
-    x = jnp.linspace(-1.0, 1.0, 8, dtype=jnp.float32).reshape(4, 2)
-    y = jnp.tanh(x @ params["w"] + params["b"])
-    return {"fit": jnp.mean((y - 0.5) ** 2), "reg": 0.1 * jnp.sum(params["w"] ** 2)}
+    """Outputs of a tiny model with ``params = {w: f32[n, h], b: f32[h]}``.
+
+    ``{"fit": f32[], "hidden": f32[h], "reg": f32[]}``: a scalar loss, the mean hidden
+    activation over four inputs (a vector), and a penalty.
+    """
+    w = params["w"]
+    n = w.shape[0]
+    x = jnp.linspace(-1.0, 1.0, 4 * n, dtype=w.dtype).reshape(4, n)
+    y = jnp.tanh(x @ w + params["b"])
+    return {
+        "fit": jnp.mean((y - 0.5) ** 2),
+        "hidden": jnp.mean(y, axis=0),
+        "reg": 0.1 * jnp.sum(w**2),
+    }
 
 
 def _exercise_triple(params: Mapping[str, jax.Array]) -> tuple[jax.Array, ...]:
     w, b = params["w"], params["b"]
-    return jnp.sum(jnp.sin(w)), jnp.prod(b + 2.0), jnp.vdot(w[0], w[1])
+    return jnp.sin(w) * b, jnp.prod(b + 2.0), jnp.cumsum(w[0] * w[-1])
+
+
+#: What :func:`check_rebuilt_jacrev` makes unavailable while the answer runs.
+JACREV_BANNED = (
+    "jacrev",
+    "jacfwd",
+    "jacobian",
+    "hessian",
+    "grad",
+    "value_and_grad",
+    "vjp",
+)
+
+
+#: What :func:`check_transpose` makes unavailable while the answer runs.
+TRANSPOSE_BANNED = (*JACREV_BANNED, "linearize", "linear_transpose")
+
+
+@contextlib.contextmanager
+def _banned_jax_derivatives(names: Sequence[str], advice: str) -> Any:
+    """``jax.<name>`` for each of ``names`` raises (with ``advice``) inside the block."""
+
+    def banned(name: str) -> Callable[..., Any]:
+        def stub(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(f"your answer called jax.{name}: {advice}")
+
+        return stub
+
+    saved = {name: getattr(jax, name) for name in names}
+    try:
+        for name in names:
+            setattr(jax, name, banned(name))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(jax, name, fn)
 
 
 def _call_jitted(answer: Any, f: Callable[..., PyTree], params: PyTree) -> Any:
@@ -224,27 +281,41 @@ def check_rebuilt_jacrev(
     *,
     strict: bool = False,
 ) -> ex.Feedback:
-    """Exercise 2.2: ``answer(f, params)``: the gradient of every output of ``f``.
+    """Exercise 2.2: ``answer(f, params)``: the Jacobian of ``f``, as ``jax.jacrev``.
 
-    The result has ``f``'s output structure with a params-shaped gradient at each leaf
-    (what ``jax.jacrev(f)(params)`` returns). Checked on :func:`exercise_losses` (dict
-    output) and a tuple-valued function, float32, to ``JACREV_RTOL``, with both sides at
-    ``"highest"`` matmul precision. Any method is accepted: only values are checked.
+    The result has ``f``'s output structure; at an output leaf of shape ``s`` it holds
+    the params structure with leaves of shape ``s + leaf.shape`` (what
+    ``jax.jacrev(f)(params)`` returns). Checked on :func:`exercise_losses` (dict output:
+    two scalars and a vector) and a tuple-valued function (a matrix, a scalar, a
+    vector), at two parameter sizes drawn per call, float32, to ``JACREV_RTOL``, with
+    both sides at ``"highest"`` matmul precision. While the answer runs, the names in
+    :data:`JACREV_BANNED` raise (the exercise is to build the Jacobian from
+    ``jax.linearize`` and ``jax.linear_transpose``).
     """
-    name = "Exercise 2.2, the gradient of every output"
-    k1, k2 = jax.random.split(jax.random.key(22))
-    params = {"w": jax.random.normal(k1, (2, 3)), "b": jax.random.normal(k2, (3,))}
+    name = "Exercise 2.2, the Jacobian of a pytree-valued function"
+    rng = np.random.default_rng()
     problems: list[str] = []
-    for f in (exercise_losses, _exercise_triple):
+    sizes = [(int(rng.integers(2, 5)), int(rng.integers(2, 6))) for _ in range(2)]
+    cases = [(f, n, h) for (n, h) in sizes for f in (exercise_losses, _exercise_triple)]
+    for f, n, h in cases:
+        params = {
+            "w": jnp.asarray(rng.normal(size=(n, h)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(h,)), jnp.float32),
+        }
         with jax.default_matmul_precision("highest"):
-            got = _call_jitted(answer, f, params)
+            want = jax.jit(jax.jacrev(f))(params)
+            with _banned_jax_derivatives(
+                JACREV_BANNED,
+                "build the Jacobian from jax.linearize and jax.linear_transpose (one "
+                "transpose per output entry)",
+            ):
+                got = _call_jitted(answer, f, params)
             if ex.is_stub(got):
                 return ex.verdict(name, [], attempted=False, strict=strict)
-            want = jax.jit(jax.jacrev(f))(params)
         early = ex.early_verdict(name, got, strict=strict)
         if early is not None:
             return early
-        label = f"my_jacrev({f.__name__}, params)"
+        label = f"my_jacrev({f.__name__}, params with w: f32[{n},{h}])"
         found = ex.tree_mismatches(
             got,
             want,
@@ -253,10 +324,18 @@ def check_rebuilt_jacrev(
             name=label,
             allow_python_scalars=False,
         )
-        problems += found
+        if found:
+            problems += found
+            if any("has shape" in m for m in found):
+                problems.append(
+                    "an output leaf of shape s needs one transpose per entry, and its "
+                    "Jacobian leaves have shape s + param.shape: a cotangent of "
+                    "ones_like(leaf) pulls back the sum of the entries, not each one"
+                )
+            break
     success = (
-        "matches jax.jacrev on a dict-valued and a tuple-valued function (relative "
-        f"error <= {JACREV_RTOL:g})"
+        "matches jax.jacrev on a dict-valued and a tuple-valued function with vector "
+        f"and matrix outputs, at two drawn sizes (relative error <= {JACREV_RTOL:g})"
     )
     return ex.verdict(name, problems, success=success, strict=strict)
 

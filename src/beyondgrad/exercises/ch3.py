@@ -7,7 +7,8 @@
   (directly or via ``implicit.root_find``); value and ``jax.jvp`` to
   :data:`SQRTM_TOL`.
 * 3.3 :func:`check_tolerance_fix`: a DEQ gradient right to
-  :data:`TOLERANCE_FIX_RTOL` (any method).
+  :data:`TOLERANCE_FIX_RTOL` (any method); the chapter's ``suspicious_grad`` is off by
+  a truncated tangent solve, not by its solver tolerance.
 
 All comparisons run in float64 (inside ``jax.enable_x64``). Method checks read the
 jaxpr through :func:`beyondgrad.compat.uses_custom_root`, which knows how each JAX
@@ -26,6 +27,7 @@ from beyondgrad import compat
 from beyondgrad.exercises import (
     Feedback,
     call_answer,
+    call_within,
     early_verdict,
     failed,
     is_stub,
@@ -40,6 +42,7 @@ __all__ = [
     "FIXED_POINT_M",
     "FIXED_POINT_TOL",
     "SQRTM_TOL",
+    "TIME_LIMIT",
     "TOLERANCE_FIX_ATOL",
     "TOLERANCE_FIX_RTOL",
     "check_fixed_point_grad",
@@ -61,6 +64,9 @@ SQRTM_TOL = 1e-13
 #: stopped at 1e-10 is off by 1e-9..1e-8, so the fix is a tolerance near rounding.
 TOLERANCE_FIX_RTOL = 1e-12
 TOLERANCE_FIX_ATOL = 1e-14
+
+#: Seconds a student's function may run before a checker gives up on it (3.1).
+TIME_LIMIT = 6.0
 
 _EX1 = "Exercise 3.1 (fixed-point gradient)"
 _EX2 = "Exercise 3.2 (inverse matrix square root)"
@@ -95,6 +101,84 @@ def _dtype_hint(text: str) -> str:
             "fixed float32 dtype"
         )
     return ""
+
+
+def _run_limited(fn: Callable, arg: jax.Array, what: str) -> object:
+    """``fn(arg)`` compiled first (untimed), then run with :data:`TIME_LIMIT` seconds.
+
+    Tracing and compiling a loop that never stops do terminate; only running it does
+    not. Timing the run alone keeps a slow compilation on a busy machine from being
+    mistaken for a loop that never stops.
+    """
+    compiled = call_answer(lambda: jax.jit(fn).lower(arg).compile(), what=what)
+    if failed(compiled):
+        return compiled
+    return call_within(TIME_LIMIT, compiled, arg, what=what)
+
+
+def _kind_problem(value: object, name: str) -> str | None:
+    """A message if ``value`` is not an array at all (a function, None, a container)."""
+    if value is None:
+        return f"your function returned None instead of {name}: is a `return` missing?"
+    if callable(value):
+        return (
+            f"your function returned a function ({type(value).__name__}) instead of "
+            f"{name}: return the computed array (call the function you built)"
+        )
+    if isinstance(value, (tuple, list, dict)):
+        return (
+            f"your function returned a {type(value).__name__} instead of {name}: "
+            "return the array alone"
+        )
+    return None  # arrays, and Python scalars (tree_mismatches names those)
+
+
+def _value_hint(got: object, want: object, tolerance_hint: str) -> str:
+    """Say what kind of wrong a mismatched float64 answer is (one line, no guessing).
+
+    Non-finite or far too large: a diverged solve. A float32 answer: the dtype. The
+    answer a constant multiple of the reference: a missing or extra factor. A relative
+    error above 1e-4: a wrong equation or derivative (no tolerance does that). Only an
+    error below that, the scale a loose solver tolerance gives, gets ``tolerance_hint``.
+    """
+    a = np.asarray(got, dtype=np.float64)
+    r = np.asarray(want, dtype=np.float64)
+    scale = float(np.max(np.abs(r))) or 1.0
+    if np.asarray(got).dtype == np.float32:
+        return (
+            "your result is float32 for a float64 input: compute in the input's dtype "
+            "(jnp.zeros_like(x), jnp.eye(n, dtype=x.dtype)); float32 cannot reach the "
+            "required tolerance"
+        )
+    if not np.all(np.isfinite(a)):
+        return (
+            "your result has nan or inf: the solve diverged or its arithmetic broke "
+            "(a step away from the root, a division by zero)"
+        )
+    if float(np.max(np.abs(a))) > 1e3 * scale:
+        return (
+            f"your result reaches {float(np.max(np.abs(a))):.3g} where the answer is "
+            f"of size {scale:.3g}: the iteration diverged (check that your step "
+            "moves towards the root, e.g. x <- x + F(x) for x = f(x), not x - F(x))"
+        )
+    rel = float(np.max(np.abs(a - r))) / scale
+    denom = float(np.vdot(r, r))
+    factor = float(np.vdot(r, a)) / denom if denom > 0 else 1.0
+    if abs(factor - 1.0) > 1e-6 and float(np.max(np.abs(a - factor * r))) <= (
+        1e-6 * scale * abs(factor)
+    ):
+        return (
+            f"your result is {factor:.6g} times the right one everywhere: a constant "
+            "factor is missing or extra (a scaled equation, a dropped 1/2, a wrong sign)"
+        )
+    if rel > 1e-4:
+        return (
+            f"largest error {rel:.1e} relative to the answer's size: far more than a "
+            "converged solve's tolerance causes; check that the solve converged (its "
+            "iteration cap), the equation (F(x) = 0 exactly at the answer) and the "
+            "tangent solve"
+        )
+    return f"largest error {rel:.1e} relative: {tolerance_hint}"
 
 
 def _failed_with_hint(value: object) -> str:
@@ -180,29 +264,30 @@ def check_fixed_point_grad(
             [[-1.0, 0.0, 0.5], [0.0, 0.0, 0.0], [0.3, -0.2, 0.1], [2.0, 1.0, -1.0]],
             jnp.float64,
         )
-        got = call_answer(jax.vmap(fn), thetas, what="your function (under vmap)")
+        got = _run_limited(jax.vmap(fn), thetas, "your function (under vmap)")
         if is_stub(got):
             return verdict(_EX1, [], attempted=False, strict=strict)
         if failed(got):
             msg = _failed_with_hint(got)
             return verdict(_EX1, [msg + _tangent_hint(msg)], strict=strict)
+        kind = _kind_problem(got, "the array x*")
+        if kind:
+            return verdict(_EX1, [kind], strict=strict)
         want = _exercise1_reference(thetas)
         problems = tree_mismatches(got, want, rtol=tol, atol=tol, name="x*")
         if problems:
-            if np.asarray(got).dtype != np.float64 and np.ndim(got) == 2:
+            if np.shape(got) == np.shape(want):
                 problems.append(
-                    f"your x* is {np.asarray(got).dtype} for a float64 theta: compute in "
-                    "theta's dtype (jnp.zeros_like(theta) as the start), since float32 "
-                    f"cannot reach {tol:g}"
-                )
-            else:
-                problems.append(
-                    f"(required: within {tol:g} absolute plus relative: tighten your "
-                    "solver's stopping tolerance; a residual norm <= 1e-10 is enough)"
+                    _value_hint(
+                        got,
+                        want,
+                        f"at the scale of a loose solver tolerance (required {tol:g}): "
+                        "stop your solve at a residual norm <= 1e-10",
+                    )
                 )
             return verdict(_EX1, problems, strict=strict)
-        jac = call_answer(
-            jax.vmap(jax.jacrev(fn)), thetas, what="jax.jacrev of your function"
+        jac = _run_limited(
+            jax.vmap(jax.jacrev(fn)), thetas, "jax.jacrev of your function"
         )
         if failed(jac):
             msg = _failed_with_hint(jac)
@@ -337,15 +422,17 @@ def check_sqrtm(
             )
         problems = tree_mismatches(x, x_ref, rtol=tol, atol=tol, name="X")
         problems += tree_mismatches(dx, deriv(da), rtol=tol, atol=tol, name="dX")
-        if problems and np.asarray(x).dtype != np.float64:
+        if problems:
+            bad_x = bool(tree_mismatches(x, x_ref, rtol=tol, atol=tol, name="X"))
+            got_, want_ = (x, x_ref) if bad_x else (dx, deriv(da))
             problems.append(
-                f"your X is {np.asarray(x).dtype} for a float64 A: start Newton from "
-                f"jnp.eye(n, dtype=A.dtype), since float32 cannot reach {tol:g}"
-            )
-        elif problems:
-            problems.append(
-                f"(required: within {tol:g} absolute plus relative: iterate until the "
-                "residual is at rounding level, e.g. root_find(..., tol=1e-12))"
+                _value_hint(
+                    got_,
+                    want_,
+                    f"at the scale of a loose solver tolerance (required {tol:g}): "
+                    "iterate until the residual is at rounding level, e.g. "
+                    "root_find(..., tol=1e-12)",
+                )
             )
         success = (
             f"calls custom_root; X = A^(-1/2) and its jvp match the eigendecomposition "
@@ -410,9 +497,13 @@ def check_tolerance_fix(
             early = early_verdict(_EX3, got, strict=strict)
             if early is not None:
                 return early
+            kind = _kind_problem(got, "the gradient array")
+            if kind:
+                return verdict(_EX3, [kind], strict=strict)
+            want = reference(b)
             problems = tree_mismatches(
                 got,
-                reference(b),
+                want,
                 rtol=rtol,
                 atol=TOLERANCE_FIX_ATOL,
                 name=f"gradient at b = {scale:g} × b0",
@@ -420,11 +511,15 @@ def check_tolerance_fix(
             )
             if problems:
                 break
-        if problems:
+        if problems and np.shape(got) == np.shape(want):
             problems.append(
-                f"(required: within {rtol:g} relative plus {TOLERANCE_FIX_ATOL:g}; the "
-                "error of the implicit gradient follows the residual of the solve: "
-                "read the SolverInfo, then tighten the solver's tolerance)"
+                _value_hint(
+                    got,
+                    want,
+                    f"required {rtol:g}; compare it with the residual in your "
+                    "solve's SolverInfo; an error far above that residual does not "
+                    "come from the solve",
+                )
             )
         success = (
             f"the gradient matches the exact one to {rtol:g} relative plus "
