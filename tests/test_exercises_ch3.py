@@ -443,7 +443,7 @@ def test_fixed_point_stops_a_function_that_does_not_return(monkeypatch):
     start = time.perf_counter()
     fb = ch3.check_fixed_point_grad(slow)
     assert time.perf_counter() - start < 3.5
-    assert not fb.passed and "did not return within 1 s" in str(fb), str(fb)
+    assert not fb.passed and "did not finish within 1 s" in str(fb), str(fb)
     assert "restart the kernel" in str(fb)
 
 

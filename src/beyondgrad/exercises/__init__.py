@@ -279,35 +279,11 @@ def call_answer(fn: Any, *args: Any, what: str = "your function", **kwargs: Any)
 def call_within(
     seconds: float, fn: Any, *args: Any, what: str = "your function", **kwargs: Any
 ) -> Any:
-    """:func:`call_answer` with a time limit: a failure message after ``seconds``.
-
-    The call runs in a daemon thread, under the caller's ``jax_enable_x64`` setting
-    (JAX keeps that setting per thread). A compiled loop cannot be interrupted, so
-    after the limit the call goes on in the background; the message says so, and that
-    restarting the kernel stops it.
-    """
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise TypeError(f"seconds must be a number, got {type(seconds).__name__}")
-    if not seconds > 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
-    x64 = bool(jax.config.jax_enable_x64)
-    result: list[Any] = []
-
-    def run() -> None:
-        with jax.enable_x64(x64):
-            result.append(call_answer(fn, *args, what=what, **kwargs))
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive() or not result:
-        return _Failure(
-            f"{what} did not return within {seconds:g} s: it probably never stops (a "
-            "while_loop whose condition stays true, e.g. a tolerance it cannot reach "
-            "and no iteration cap). It is still running in the background: restart "
-            "the kernel to stop it, then cap your loop (k < max_iter)"
-        )
-    return result[0]
+    """:func:`call_answer` under :func:`run_with_time_limit`: a failure message naming
+    ``what`` after ``seconds``."""
+    return run_with_time_limit(
+        lambda: call_answer(fn, *args, what=what, **kwargs), seconds, what=what
+    )
 
 
 def failed(value: Any) -> str | None:
@@ -585,20 +561,34 @@ class _TimeLimit(BaseException):
     """Raised inside a checker's worker thread once its time is up."""
 
 
-def run_with_time_limit(task: Callable[[], Any], seconds: float) -> Any:
+def run_with_time_limit(
+    task: Callable[[], Any], seconds: float, *, what: str = "your code"
+) -> Any:
     """``task()``, or a failure (see :func:`failed`) if it takes more than ``seconds``.
 
     The task runs in a daemon thread, so a student's endless loop cannot hold the
     checker: after ``seconds`` the checker returns a message instead. Compiled code
     cannot be interrupted, so the thread may keep running; the message says to restart
     the kernel. An exception raised by ``task`` is raised here. Run a whole check as one
-    task: some of JAX's caches are per thread.
+    task: some of JAX's caches are per thread. The caller's ``jax_enable_x64`` setting
+    (which JAX keeps per thread) holds inside the task too.
+
+    Args:
+        task: the work, called with no arguments.
+        seconds: how long to wait for it (> 0).
+        what: the name of the code in the message ("your solver").
     """
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"seconds must be a number, got {type(seconds).__name__}")
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    x64 = bool(jax.config.jax_enable_x64)
     box: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            box["value"] = task()
+            with jax.enable_x64(x64):
+                box["value"] = task()
         except _TimeLimit:  # the caller has stopped waiting
             pass
         except BaseException as e:  # handed to the caller's thread
@@ -613,7 +603,7 @@ def run_with_time_limit(task: Callable[[], Any], seconds: float) -> Any:
             ctypes.c_ulong(worker.ident or 0), ctypes.py_object(_TimeLimit)
         )
         return _Failure(
-            f"your code did not finish within {seconds:g} s; is there a loop whose "
+            f"{what} did not finish within {seconds:g} s; is there a loop whose "
             "condition never turns false? A compiled loop cannot be interrupted and "
             "may still be running: restart the kernel (Colab: Runtime > Restart "
             "session), run the cells above again, then fix the loop"
