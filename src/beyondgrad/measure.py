@@ -29,6 +29,8 @@ from typing import Any
 
 import jax
 
+from beyondgrad import _checks
+
 __all__ = ["Timing", "compile_seconds", "temp_bytes", "time_call", "time_calls"]
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -73,10 +75,8 @@ def time_calls(
     an untimed call of the same function and loops until it lasts ``min_time`` seconds.
     """
     calls = _check_calls(calls)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    if min_time < 0:
-        raise ValueError(f"min_time must be >= 0 seconds, got {min_time!r}")
+    _checks.integer(repeats, "repeats", minimum=1)
+    _checks.number(min_time, "min_time", at_least=0, meaning="seconds")
     for fn, args in calls:  # compile, fill caches
         jax.block_until_ready(fn(*args))
     samples: list[list[float]] = [[] for _ in calls]
@@ -103,8 +103,7 @@ def time_call(
 
 def compile_seconds(fn: Callable[..., Any], *args: Any) -> float:
     """Wall seconds to trace, lower and compile ``jax.jit(fn)`` for ``args`` (no run)."""
-    if not callable(fn):
-        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
+    _checks.function(fn, "fn")
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     t0 = time.perf_counter()
     jitted.lower(*args).compile()
@@ -116,8 +115,7 @@ def temp_bytes(fn: Callable[..., Any], *args: Any) -> int | None:
 
     ``fn`` may already be jitted (its own lowering is then reused).
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
+    _checks.function(fn, "fn")
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     compiled = jitted.lower(*args).compile()
     try:
