@@ -12,12 +12,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import jax
 import jax.numpy as jnp
-
-__all__: list[str] = []  # internal: the public functions re-raise what these raise
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -41,8 +40,8 @@ def function(
     *,
     where: str = "",
     example: str = "",
-) -> None:
-    """``TypeError`` unless ``value`` is callable.
+) -> Callable[..., Any]:
+    """``value``, after a ``TypeError`` unless it is callable.
 
     Args:
         value: the argument.
@@ -50,6 +49,9 @@ def function(
         kind: what it must be, e.g. ``"a function f(x, params)"``.
         where: a prefix naming the checking function.
         example: a value to pass, shown as ``(e.g. ...)``.
+
+    Returns:
+        ``value``.
     """
     if not callable(value):
         hint = f" (e.g. {example})" if example else ""
@@ -57,6 +59,7 @@ def function(
             f"{where}{name} must be {kind}, got {type(value).__name__}; pass the "
             f"function itself, not its value{hint}"
         )
+    return value
 
 
 def integer(

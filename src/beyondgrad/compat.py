@@ -188,7 +188,7 @@ def concrete_value(x: Any) -> Any | None:
 
 def is_tracer(x: Any) -> bool:
     """True if ``x`` is a JAX tracer."""
-    return isinstance(x, jax.core.Tracer)
+    return isinstance(x, _jax_core.Tracer)
 
 
 def jit_cache_size(jitted: Any) -> int:
@@ -587,7 +587,7 @@ def gloo_loopback_cpu_backend(hostname: str = "127.0.0.1") -> None:
             client to build the collectives from).
     """
     from jax._src import distributed, xla_bridge
-    from jax._src.lib import _jax
+    from jax._src.lib import _jax  # pyright: ignore[reportPrivateImportUsage]
 
     client = distributed.global_state.client
     if client is None:

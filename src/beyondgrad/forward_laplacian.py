@@ -1065,13 +1065,13 @@ def _check_outputs(eqn: Any, rule: Rule, outs: Any, d: int) -> None:
     for k, (var, out) in enumerate(zip(eqn.outvars, outs)):
         shape = tuple(var.aval.shape)
         val = out.val if isinstance(out, Jet) else out
-        parts = [("value", jnp.shape(val), shape)]
+        parts = [("value", None if val is None else jnp.shape(val), shape)]
         if isinstance(out, Jet):
             parts.append(("jac", jnp.shape(out.jac), (d, *shape)))
             if out.lap is not None:
                 parts.append(("lap", jnp.shape(out.lap), shape))
         for part, got_shape, want in parts:
-            if tuple(got_shape) != want:
+            if got_shape is None or tuple(got_shape) != want:
                 raise ValueError(
                     f"{name} returned result {k} with {part} of shape {got_shape}; "
                     f"expected {want} (jac is (d, *value.shape), d = {d})"

@@ -139,7 +139,7 @@ def _check_args(
     tangent_solver: object,
 ) -> None:
     """Validate a solver call; raise TypeError/ValueError that say what to pass instead."""
-    _checks.function(f, "f", "a function f(x, params)", where=f"{name}: ")
+    f = _checks.function(f, "f", "a function f(x, params)", where=f"{name}: ")
     leaves = jax.tree_util.tree_leaves(x0)
     if not leaves:
         raise ValueError(
@@ -157,7 +157,8 @@ def _check_args(
     elif hasattr(tol, "shape"):  # an array, but not a 0-d float one
         raise ValueError(
             f"{name}: tol must be a finite Python float >= 0 or a 0-d float array, "
-            f"got an array of shape {jnp.shape(tol)} and dtype {jnp.result_type(tol)}"
+            f"got an array of shape {getattr(tol, 'shape', None)} and dtype "
+            f"{getattr(tol, 'dtype', None)}"
         )
     else:
         _checks.number(

@@ -104,7 +104,7 @@ def time_call(
 def compile_seconds(fn: Callable[..., Any], *args: Any) -> float:
     """Wall seconds to trace, lower and compile ``jax.jit(fn)`` for ``args`` (no run)."""
     _checks.function(fn, "fn")
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    jitted: Any = fn if hasattr(fn, "lower") else jax.jit(fn)
     t0 = time.perf_counter()
     jitted.lower(*args).compile()
     return time.perf_counter() - t0
@@ -116,7 +116,7 @@ def temp_bytes(fn: Callable[..., Any], *args: Any) -> int | None:
     ``fn`` may already be jitted (its own lowering is then reused).
     """
     _checks.function(fn, "fn")
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    jitted: Any = fn if hasattr(fn, "lower") else jax.jit(fn)
     compiled = jitted.lower(*args).compile()
     try:
         analysis = compiled.memory_analysis()

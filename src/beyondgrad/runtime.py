@@ -127,7 +127,7 @@ def _platform_name(backend: str) -> str:
 
 def describe() -> RuntimeInfo:
     """Platform, devices and versions of the running kernel."""
-    import jaxlib
+    from importlib.metadata import version
 
     devices = jax.devices()
     kinds = sorted({d.device_kind for d in devices})
@@ -137,7 +137,7 @@ def describe() -> RuntimeInfo:
         device_count=len(devices),
         cpu_device_count=len(jax.devices("cpu")),
         jax_version=jax.__version__,
-        jaxlib_version=jaxlib.__version__,
+        jaxlib_version=version("jaxlib"),
         python_version=_platform.python_version(),
         on_colab=on_colab(),
     )

@@ -246,13 +246,13 @@ def _as_booleans(answer: object, count: int) -> tuple[list[bool] | None, str]:
     """``answer`` as ``count`` Python bools, or ``(None, why not)``."""
     want = f"a list of {count} True/False values (0/1 also work), one per call"
     try:
-        ndim = np.ndim(answer)
+        ndim = np.ndim(answer)  # pyright: ignore[reportArgumentType]
     except ValueError:  # ragged nesting
         return None, f"answer must be {want}; got a ragged {type(answer).__name__}"
     if isinstance(answer, (str, bytes)) or ndim == 0:
         return None, f"answer must be {want}; got {type(answer).__name__} {answer!r}"
     if ndim != 1:
-        shape = np.shape(answer)
+        shape = np.shape(answer)  # pyright: ignore
         return (
             None,
             f"answer must be {want}; got a {type(answer).__name__} of shape {shape}",
