@@ -478,7 +478,7 @@ def check_sharded_variance_step(
     if seed is None:
         seed = int(np.random.default_rng().integers(2**31))
     if not isinstance(seed, np.integer):
-        _checks.integer(seed, "seed (an int or None)")
+        _checks.integer(seed, "seed", meaning="or None")
     sizes = _variance_sizes(int(seed))
     drawn = (
         f"seed={seed}: "
