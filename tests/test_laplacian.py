@@ -964,3 +964,21 @@ def test_method_forward_differentiates_a_while_loop_the_reverse_methods_refuse()
         np.testing.assert_allclose(np.asarray(g), np.asarray(3 * x**2), rtol=1e-12)
     with pytest.raises(ValueError, match="method='forward'"):
         L.laplacian(cube, jnp.ones(3), method="loop")
+
+
+def test_vmc_reaches_method_forward():
+    """vmc's local energy and its parameter gradient accept method="forward" and agree
+    with method="hessian" in float64."""
+    with jax.enable_x64(True):
+        params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), SLATER_PARAMS)
+        w = 0.3 * jnp.sin(jnp.arange(36.0, dtype=jnp.float64)).reshape(4, 3, 3)
+        fwd = vmc.energy_and_grad(
+            wavefunctions.mlp_log_psi, params, w, method="forward"
+        )
+        ref = vmc.energy_and_grad(
+            wavefunctions.mlp_log_psi, params, w, method="hessian"
+        )
+        for got, want in zip(jax.tree.leaves(fwd), jax.tree.leaves(ref)):
+            np.testing.assert_allclose(
+                np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-11
+            )
