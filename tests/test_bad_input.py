@@ -257,7 +257,7 @@ CASES = [
     Case(
         "sample_walkers-steps-float",
         lambda: _walk(KEY, steps=2.5),
-        ValueError,
+        TypeError,
         ("steps", "positive int", "2.5"),
     ),
     Case(
@@ -311,7 +311,7 @@ CASES = [
     Case(
         "measure-time_call-repeats-bool",
         lambda: measure.time_call(_sq, X3, repeats=True),
-        ValueError,
+        TypeError,
         ("repeats", "int >= 1", "True"),
     ),
     Case(
@@ -368,7 +368,7 @@ CASES = [
     Case(
         "laplacian-option-of-another-method",
         lambda: laplacian.laplacian(_sq, X3, method="loop", num_samples=4),
-        ValueError,
+        TypeError,
         ("num_samples", "hutchinson", "loop"),
     ),
     Case(
@@ -688,7 +688,7 @@ CASES = [
     Case(
         "energy_and_grad-key-given-to-loop",
         lambda: _step(method="loop", key=KEY),
-        ValueError,
+        TypeError,
         ("key", "method='hutchinson'", "method='loop'"),
     ),
     Case(
@@ -712,7 +712,7 @@ CASES = [
     Case(
         "walker_keys-count-float",
         lambda: vmc.walker_keys(KEY, 2.5),
-        ValueError,
+        TypeError,
         ("count", "positive int", "2.5"),
     ),
     Case(
@@ -755,13 +755,13 @@ CASES = [
     Case(
         "laplacian-key-given-to-loop",
         lambda: laplacian.laplacian(_sq, X3, method="loop", key=KEY),
-        ValueError,
+        TypeError,
         ("key", "method='hutchinson'", "method='loop'"),
     ),
     Case(
         "laplacian-sparsity-given-to-vmap",
         lambda: laplacian.laplacian(_sq, X3, method="vmap", sparsity_threshold=2),
-        ValueError,
+        TypeError,
         ("sparsity_threshold", "method='folx'", "method='vmap'"),
     ),
     Case(
@@ -977,3 +977,137 @@ def test_bad_input_is_refused_with_a_clear_message(case: Case):
 def test_the_table_is_large_and_ids_are_unique():
     ids = [_id(c) for c in CASES]
     assert len(ids) >= 40 and len(set(ids)) == len(ids)
+
+
+# ---- the one checking policy (issue 36 item 5) --------------------------------------
+
+_CHECKS_HELPERS = (
+    "function",
+    "integer",
+    "number",
+    "boolean",
+    "choice",
+    "ignored_option",
+    "float_leaves",
+)
+_NUMERIC_KINDS = {"bool", "int", "float", "complex", "_is_int", "_is_real"}
+# checks of a callable that are not "is it a function" (allowed outside _checks):
+# arguments in the wrong order, and the shape of a (function, args) pair
+_CALLABLE_ALLOWED = {("slater.py", "_orbitals_first"), ("measure.py", "_check_calls")}
+# a recorded benchmark file read back (its content, not an argument: ValueError)
+_NUMERIC_ALLOWED = {("ch5.py", "_check_record")}
+
+
+def _kind_checks_outside_the_module() -> list[str]:
+    """Every ``if`` in the package that tests whether a value is callable, a bool, an
+    int or a float and raises: such checks belong in ``beyondgrad._checks``."""
+    import ast
+    from pathlib import Path
+
+    import beyondgrad
+
+    root = Path(beyondgrad.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "_checks.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if not isinstance(node, ast.If):
+                    continue
+                if not any(isinstance(s, ast.Raise) for s in node.body):
+                    continue
+                names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+                calls = {
+                    n.func.id
+                    for n in ast.walk(node.test)
+                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                }
+                numeric = "isinstance" in calls and names & _NUMERIC_KINDS
+                numeric = numeric or calls & {"_is_int", "_is_real"}
+                numeric = numeric and (path.name, func.name) not in _NUMERIC_ALLOWED
+                is_callable = "callable" in calls and (
+                    (path.name, func.name) not in _CALLABLE_ALLOWED
+                )
+                if numeric or is_callable:
+                    found.append(
+                        f"{path.relative_to(root)}:{node.lineno} ({func.name})"
+                    )
+    return sorted(set(found))
+
+
+def test_kind_checks_go_through_the_one_checking_module():
+    """The package's functions check 'is it a function / an int / a number / a bool'
+    through ``beyondgrad._checks`` only (one policy: wrong kind -> TypeError, wrong
+    value -> ValueError, an option the method ignores -> TypeError)."""
+    assert _kind_checks_outside_the_module() == []
+
+
+def test_the_checking_module_raises_by_the_policy():
+    from beyondgrad import _checks
+
+    kind = [
+        lambda: _checks.function(3, "f"),
+        lambda: _checks.integer(2.0, "n", minimum=1),
+        lambda: _checks.integer(True, "n"),
+        lambda: _checks.number("1", "tol", above=0),
+        lambda: _checks.number(False, "tol"),
+        lambda: _checks.boolean(1, "check"),
+        lambda: _checks.float_leaves({"a": jnp.zeros(2, jnp.int32)}, "params"),
+        lambda: _checks.ignored_option("key", KEY, "hutchinson", "loop"),
+    ]
+    value = [
+        lambda: _checks.integer(0, "n", minimum=1),
+        lambda: _checks.number(0.0, "tol", above=0),
+        lambda: _checks.number(float("nan"), "tol", at_least=0),
+        lambda: _checks.number(1.0, "radius", above=0, below=1),
+        lambda: _checks.choice("x", "method", ("a", "b")),
+        lambda: _checks.float_leaves({}, "params", empty="pass a float array"),
+    ]
+    for call in kind:
+        with pytest.raises(TypeError, match="must be|applies only to"):
+            call()
+    for call in value:
+        with pytest.raises(ValueError, match="must be|has no array leaves"):
+            call()
+    # accepted values pass and come back
+    assert _checks.integer(3, "n", minimum=1) == 3
+    assert _checks.number(2, "tol", above=0) == 2.0
+    assert _checks.boolean(None, "flag", none_ok=True) is None
+    _checks.float_leaves(
+        {"a": jnp.zeros(2), "b": jnp.zeros(1, jnp.complex64)}, "p", complex_ok=True
+    )
+
+
+def test_the_table_reaches_every_helper_of_the_checking_module(monkeypatch):
+    """Each helper of ``beyondgrad._checks`` raises for at least one case of the
+    table (called through a public function), with the class the policy says."""
+    from beyondgrad import _checks
+
+    raised: dict[str, type[BaseException]] = {}
+
+    def recording(name, helper):
+        def wrapped(*args, **kwargs):
+            try:
+                return helper(*args, **kwargs)
+            except (TypeError, ValueError) as e:
+                raised.setdefault(name, type(e))
+                raise
+
+        return wrapped
+
+    for name in _CHECKS_HELPERS:
+        monkeypatch.setattr(_checks, name, recording(name, getattr(_checks, name)))
+    for case in CASES:
+        if set(_CHECKS_HELPERS) <= set(raised):
+            break
+        try:
+            case.call()
+        except Exception:
+            pass
+    assert sorted(raised) == sorted(_CHECKS_HELPERS)
+    assert raised["ignored_option"] is TypeError and raised["function"] is TypeError
+    assert raised["choice"] is ValueError

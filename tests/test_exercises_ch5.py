@@ -464,5 +464,7 @@ def test_sharded_bad_inputs_each_get_their_message(answer, expected):
 
 
 def test_sharded_bad_seed_is_refused():
-    with pytest.raises(TypeError, match="seed must be an int or None, got str"):
+    with pytest.raises(
+        TypeError, match=r"seed must be a Python int \(or None\), e.g. seed=1, got str"
+    ):
         ch5.check_sharded_variance_step(variance_step, seed="3")

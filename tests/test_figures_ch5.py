@@ -79,13 +79,13 @@ def test_plot_tradeoff_draws_one_panel_per_size():
 TRADEOFF_BAD = [
     ("profile-not-dict", ([1, 2], 2, 4), TypeError, "profile must be a dict"),
     ("n-unknown", (PROFILE, 3, 4), ValueError, "measured sizes are [2, 4]"),
-    ("n-bool", (PROFILE, True, 4), ValueError, "n must be a positive int"),
+    ("n-bool", (PROFILE, True, 4), TypeError, "n must be a Python int"),
     ("samples-zero", (PROFILE, 2, 0), ValueError, "num_samples must be a positive int"),
     (
         "samples-float",
         (PROFILE, 2, 2.5),
-        ValueError,
-        "num_samples must be a positive int",
+        TypeError,
+        "num_samples must be a Python int, a positive int",
     ),
     (
         "missing-key",

@@ -362,10 +362,10 @@ def test_mismatched_structure_raises_type_error_naming_both(x64):
         ({"x0": {}}, ValueError, "at least one array leaf"),
         ({"tol": -1.0}, ValueError, "tol must be"),
         ({"tol": float("nan")}, ValueError, "tol must be"),
-        ({"tol": "1e-6"}, ValueError, "tol must be"),
+        ({"tol": "1e-6"}, TypeError, "tol must be"),
         ({"tol": jnp.ones(2)}, ValueError, "or a 0-d float array"),
         ({"max_iter": 0}, ValueError, "max_iter must be"),
-        ({"max_iter": 10.0}, ValueError, "max_iter must be"),
+        ({"max_iter": 10.0}, TypeError, "max_iter must be"),
         ({"f": "cos"}, TypeError, "f must be a function"),
     ],
 )
@@ -421,7 +421,7 @@ BAD_HELPER_CALLS = [
         lambda: _anderson(
             lambda x, t: x * t, jnp.zeros(2), 0.5, regularization="small"
         ),
-        ValueError,
+        TypeError,
         "regularization must be a float >= 0",
     ),
     (
@@ -497,8 +497,8 @@ BAD_HELPER_CALLS = [
     (
         "deq-zero-d-in",
         lambda: figs.deq_params(_key(), d_in=0),
-        TypeError,
-        "d_in must be a Python int",
+        ValueError,
+        "d_in must be a positive int",
     ),
     (
         "deq-radius",
@@ -561,7 +561,7 @@ BAD_HELPER_CALLS = [
     (
         "tolerance-list",
         lambda: figs.tolerance_report([1e-3]),
-        ValueError,
+        TypeError,
         "tol must be",
     ),
     (
@@ -579,7 +579,7 @@ BAD_HELPER_CALLS = [
     (
         "bench-float-count",
         lambda: figs.benchmark_implicit_vs_unrolled((10.0,)),
-        ValueError,
+        TypeError,
         "iteration_counts",
     ),
     (

@@ -319,7 +319,7 @@ BAD_INPUTS = [
         "dpt rtol zero",
         lambda: _dpt(_ident, _ident, linearity_rtol=0.0),
         ValueError,
-        "linearity_rtol must be > 0",
+        "linearity_rtol must be a float > 0",
     ),
     (
         "dpt rtol str",
@@ -381,12 +381,17 @@ BAD_INPUTS = [
         ValueError,
         "n_in must be a positive int",
     ),
-    ("mlp_map float", lambda: fig2.mlp_map(4, 2.5), TypeError, "n_out must be an int"),
+    (
+        "mlp_map float",
+        lambda: fig2.mlp_map(4, 2.5),
+        TypeError,
+        "n_out must be a Python int",
+    ),
     (
         "mlp_map bool hidden",
         lambda: fig2.mlp_map(4, 2, hidden=True),
         TypeError,
-        "hidden must be an int",
+        "hidden must be a Python int",
     ),
     (
         "plot empty",

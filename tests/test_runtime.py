@@ -187,17 +187,17 @@ def test_drift_check_text_when_nothing_differs():
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, error, match",
     [
-        ({"book_version": "0.0.1"}, "book_version must be one of"),
-        ({"book_version": 8}, "book_version must be one of"),
-        ({"timeout": 0}, "timeout must be a positive"),
-        ({"timeout": True}, "timeout must be a positive"),
-        ({"timeout": "60"}, "timeout must be a positive"),
+        ({"book_version": "0.0.1"}, ValueError, "book_version must be one of"),
+        ({"book_version": 8}, ValueError, "book_version must be one of"),
+        ({"timeout": 0}, ValueError, "timeout must be a float > 0"),
+        ({"timeout": True}, TypeError, "timeout must be a float > 0"),
+        ({"timeout": "60"}, TypeError, "timeout must be a float > 0"),
     ],
 )
-def test_check_my_jax_bad_input(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_check_my_jax_bad_input(kwargs, error, match):
+    with pytest.raises(error, match=match):
         runtime.check_my_jax(**kwargs)
 
 

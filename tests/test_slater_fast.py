@@ -219,7 +219,7 @@ def test_sample_walkers_rejects_bad_input():
             steps=0,
             step_size=0.1,
         )
-    with pytest.raises(ValueError, match="step_size must be a positive number"):
+    with pytest.raises(ValueError, match="step_size must be a float > 0 .positive"):
         vmc.sample_walkers(
             wavefunctions.mlp_log_psi,
             params,

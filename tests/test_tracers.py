@@ -396,7 +396,7 @@ BAD_INPUTS = [
     (
         "inspect: argnum bool",
         lambda: tracers.inspect_transformations(f_sin, 1.0, argnum=True),
-        ValueError,
+        TypeError,
         "argnum",
     ),
     (

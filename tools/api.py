@@ -46,6 +46,8 @@ def public_modules() -> list[str]:
         parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
+        if any(part.startswith("_") for part in parts):
+            continue  # a private module (e.g. beyondgrad._checks)
         if "__all__" in path.read_text():
             names.append(".".join(parts))
     order = {"beyondgrad": 0}

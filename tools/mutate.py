@@ -131,8 +131,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "measure-negative-min-time",
         "measure.py",
-        "    if min_time < 0:",
-        "    if min_time < -1:",
+        '    _checks.number(min_time, "min_time", at_least=0, meaning="seconds")',
+        '    _checks.number(min_time, "min_time", at_least=-1, meaning="seconds")',
         ("tests/test_bad_input.py", "-k", "measure"),
         "a negative min_time is accepted",
     ),

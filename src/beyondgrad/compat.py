@@ -18,7 +18,9 @@ Private APIs read here and nowhere else (each tested on both ends of the range):
 ``jax._src.xla_bridge.backends_are_initialized`` (:func:`backends_initialized`),
 ``jax._src.core.to_concrete_value`` (:func:`concrete_value`), a ``jit`` function's
 ``_cache_size()`` (:func:`jit_cache_size`), and a jaxpr equation's bind parameters
-(:func:`bind_equation`, :func:`jaxpr_atom_value`).
+(:func:`bind_equation`, :func:`jaxpr_atom_value`). The jaxpr-level API the rest of the
+package uses is read here too: ``jax.extend.core``'s :data:`Primitive` class and
+:data:`primitives` module, and ``jax.core.eval_jaxpr`` (:func:`eval_jaxpr`).
 
 Versions are compared with :func:`jax_version` (``jax.__version_info__``), never by
 parsing the string. Importing this module starts no backend.
@@ -42,12 +44,19 @@ import jax
 # traced and compiled again (measured: ``_cache_size()`` 1 -> 2; JAX 0.8.2's
 # ``jax.extend`` imports no pallas and changes nothing). The import starts no backend.
 import jax.extend.core  # noqa: F401  (for its side effect, see above)
+from jax import core as _jax_core
 from jax import lax
+from jax.extend.core import Primitive, primitives
 from jax.sharding import AxisType
+
+from beyondgrad import _checks
 
 __all__ = [
     "DIRECT_LINEARIZE_OPTION",
     "AxisNames",
+    "Primitive",
+    "primitives",
+    "eval_jaxpr",
     "backends_initialized",
     "bind_equation",
     "direct_linearize_option",
@@ -181,7 +190,7 @@ def concrete_value(x: Any) -> Any | None:
 
 def is_tracer(x: Any) -> bool:
     """True if ``x`` is a JAX tracer."""
-    return isinstance(x, jax.core.Tracer)
+    return isinstance(x, _jax_core.Tracer)
 
 
 def jit_cache_size(jitted: Any) -> int:
@@ -238,8 +247,7 @@ def set_direct_linearize(enabled: bool) -> bool:
     Raises ``TypeError`` for a non-bool and ``ValueError`` where this JAX has no such
     option (the 0.7 migration note announced its removal).
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be True or False, got {enabled!r}")
+    _checks.boolean(enabled, "enabled")
     before = direct_linearize_option()
     if before is None:
         raise ValueError(
@@ -505,6 +513,21 @@ _PRIMITIVE_MODULES = (
 _PRIMITIVES_BY_NAME: dict[str, Any] = {}
 
 
+def eval_jaxpr(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
+    """Evaluate a jaxpr on arguments: ``jax.core.eval_jaxpr`` (public on every
+    supported JAX, 0.8.2 .. newest).
+
+    Args:
+        jaxpr: an open jaxpr (``closed.jaxpr`` of a ``jax.make_jaxpr`` result).
+        consts: its constants (``closed.consts``).
+        *args: one value per input variable.
+
+    Returns:
+        One value per output variable.
+    """
+    return _jax_core.eval_jaxpr(jaxpr, consts, *args)
+
+
 def primitive(name: str) -> Any | None:
     """The ``jax.extend.core.Primitive`` called ``name`` on the running JAX, or ``None``.
 
@@ -518,8 +541,6 @@ def primitive(name: str) -> Any | None:
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     if not _PRIMITIVES_BY_NAME:
         import importlib
-
-        from jax.extend.core import Primitive
 
         for module_name in _PRIMITIVE_MODULES:
             try:
@@ -569,7 +590,7 @@ def gloo_loopback_cpu_backend(hostname: str = "127.0.0.1") -> None:
             client to build the collectives from).
     """
     from jax._src import distributed, xla_bridge
-    from jax._src.lib import _jax
+    from jax._src.lib import _jax  # pyright: ignore[reportPrivateImportUsage]
 
     client = distributed.global_state.client
     if client is None:

@@ -109,10 +109,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.extend.core import Primitive
-from jax.extend.core import primitives as P
 
-from beyondgrad import compat
+from beyondgrad import _checks, compat
+from beyondgrad.compat import Primitive
+from beyondgrad.compat import primitives as P
 from beyondgrad.laplacian import basis
 
 __all__ = [
@@ -352,10 +352,12 @@ def linear(*positions: int, all_from: int | None = None) -> Rule:
     the value."""
     if not positions and all_from is None:
         raise ValueError("linear() needs the linear positions or all_from")
-    if not all(isinstance(k, int) for k in (*positions, all_from or 0)):
-        raise TypeError(
-            f"linear() takes operand positions as ints, got {positions!r} "
-            f"(all_from={all_from!r}); e.g. linear(0) or linear(all_from=1)"
+    for k in (*positions, all_from or 0):
+        _checks.integer(
+            k,
+            "each operand position",
+            meaning="e.g. linear(0) or linear(all_from=1)",
+            where="linear() takes operand positions as ints: ",
         )
 
     def apply(eqn: Any, ins: list) -> list:
@@ -441,8 +443,7 @@ def call(*params: str) -> Rule:
 
 def custom(fn: Callable[[Any, list[Any]], list[Any]], detail: str = "") -> Rule:
     """A rule written against the contract ``fn(eqn, ins) -> outs`` (module docstring)."""
-    if not callable(fn):
-        raise TypeError(f"custom() needs a function fn(eqn, ins), got {fn!r}")
+    _checks.function(fn, "fn", "a function fn(eqn, ins)", where="custom(): ")
     return Rule("custom", fn, detail or getattr(fn, "__name__", ""))
 
 
@@ -458,10 +459,9 @@ def from_triples(fn: Callable[..., Any]) -> Rule:
     primitives without parameters that change the maths (``mul``, ``add``, ``sin``);
     otherwise write a :func:`custom` rule.
     """
-    if not callable(fn):
-        raise TypeError(
-            f"from_triples() needs a function of (val, jac, lap) triples, got {fn!r}"
-        )
+    _checks.function(
+        fn, "fn", "a function of (val, jac, lap) triples", where="from_triples(): "
+    )
 
     def apply(eqn: Any, ins: list) -> list:
         d = _jet_dim(ins)
@@ -1065,13 +1065,13 @@ def _check_outputs(eqn: Any, rule: Rule, outs: Any, d: int) -> None:
     for k, (var, out) in enumerate(zip(eqn.outvars, outs)):
         shape = tuple(var.aval.shape)
         val = out.val if isinstance(out, Jet) else out
-        parts = [("value", jnp.shape(val), shape)]
+        parts = [("value", None if val is None else jnp.shape(val), shape)]
         if isinstance(out, Jet):
             parts.append(("jac", jnp.shape(out.jac), (d, *shape)))
             if out.lap is not None:
                 parts.append(("lap", jnp.shape(out.lap), shape))
         for part, got_shape, want in parts:
-            if tuple(got_shape) != want:
+            if got_shape is None or tuple(got_shape) != want:
                 raise ValueError(
                     f"{name} returned result {k} with {part} of shape {got_shape}; "
                     f"expected {want} (jac is (d, *value.shape), d = {d})"
@@ -1096,10 +1096,6 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
         for var, value in zip(eqn.outvars, outs):
             env[var] = value
     return [compat.jaxpr_atom_value(a, env) for a in jaxpr.outvars]
-
-
-# backwards-compatible name (used by earlier code and notebooks)
-_forward_laplacian_jaxpr = _interpret
 
 
 def forward_laplacian(

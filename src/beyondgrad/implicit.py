@@ -40,7 +40,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 from jax.scipy.sparse.linalg import cg, gmres
 
-from beyondgrad import compat
+from beyondgrad import _checks, compat
 
 __all__ = [
     "Adjoint",
@@ -116,12 +116,12 @@ def _is_array_tol(tol: object) -> bool:
 
 def _is_int(value: object) -> TypeGuard[int]:
     """A Python int (``bool`` excluded: ``True`` is no iteration count)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    return _checks.is_int(value)
 
 
 def _is_real(value: object) -> TypeGuard[float]:
     """A Python int or float (``bool`` excluded)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return _checks.is_real(value)
 
 
 def _static_zero(tol: object) -> bool:
@@ -139,37 +139,44 @@ def _check_args(
     tangent_solver: object,
 ) -> None:
     """Validate a solver call; raise TypeError/ValueError that say what to pass instead."""
-    if not callable(f):
-        raise TypeError(
-            f"{name}: f must be a function f(x, params), got {type(f).__name__}"
-        )
+    f = _checks.function(f, "f", "a function f(x, params)", where=f"{name}: ")
     leaves = jax.tree_util.tree_leaves(x0)
     if not leaves:
         raise ValueError(
             f"{name}: x0 must be a pytree with at least one array leaf, got {x0!r}"
         )
-    for leaf in leaves:
-        dtype = jnp.result_type(leaf)
-        if not jnp.issubdtype(dtype, jnp.floating):
-            raise TypeError(
-                f"{name}: every leaf of x0 must be a floating-point array (the root is real-valued), "
-                f"got dtype {dtype}; pass e.g. jnp.asarray(x0, jnp.float32)"
-            )
+    _checks.float_leaves(
+        x0,
+        "x0",
+        why="the root is real-valued",
+        where=f"{name}: ",
+        fix="pass e.g. jnp.asarray(x0, jnp.float32)",
+    )
     if _is_array_tol(tol):
         pass  # a 0-d float array, possibly traced: one compilation for every tol
-    elif not _is_real(tol) or not math.isfinite(tol) or tol < 0:
+    elif hasattr(tol, "shape"):  # an array, but not a 0-d float one
         raise ValueError(
-            f"{name}: tol must be a finite Python float >= 0 (0 means: always run "
-            f"max_iter steps) or a 0-d float array, got {tol!r}"
+            f"{name}: tol must be a finite Python float >= 0 or a 0-d float array, "
+            f"got an array of shape {getattr(tol, 'shape', None)} and dtype "
+            f"{getattr(tol, 'dtype', None)}"
         )
-    if not _is_int(max_iter) or max_iter < 1:
-        raise ValueError(
-            f"{name}: max_iter must be a Python int >= 1, got {max_iter!r}"
+    else:
+        _checks.number(
+            tol,
+            "tol",
+            at_least=0,
+            below=math.inf,
+            where=f"{name}: ",
+            meaning="finite; 0 means: always run max_iter steps; or a 0-d float array",
         )
-    if not (callable(tangent_solver) or tangent_solver in _TANGENT_SOLVERS):
-        raise ValueError(
-            f"{name}: tangent_solver must be one of {_TANGENT_SOLVERS} or a function (g, y) -> x solving g(x) = y, "
-            f"got {tangent_solver!r}"
+    _checks.integer(max_iter, "max_iter", minimum=1, where=f"{name}: ")
+    if not callable(tangent_solver):
+        _checks.choice(
+            tangent_solver,
+            "tangent_solver",
+            _TANGENT_SOLVERS,
+            where=f"{name}: ",
+            about="or a function (g, y) -> x solving g(x) = y",
         )
     out = jax.eval_shape(f, x0, params)
     in_def: Any = jax.tree_util.tree_structure(x0)  # PyTreeDef: untyped in jaxlib
@@ -192,11 +199,12 @@ def _check_args(
 
 
 def _check_throw(name: str, throw: object) -> None:
-    if not isinstance(throw, bool):
-        raise TypeError(
-            f"{name}: throw must be True (raise SolverError when the solve does not "
-            f"converge) or False (return the state), got {throw!r}"
-        )
+    _checks.boolean(
+        throw,
+        "throw (True: raise SolverError when the solve does not converge; "
+        "False: return the state)",
+        where=f"{name}: ",
+    )
 
 
 def _nonfinite_leaves(label: str, tree: PyTree) -> list[str]:
@@ -334,11 +342,9 @@ def dense_tangent_solve(g: Callable[[PyTree], PyTree], y: PyTree) -> PyTree:
     Raises:
         TypeError: ``g`` is not callable.
     """
-    if not callable(g):
-        raise TypeError(
-            f"dense_tangent_solve: g must be the linear function x -> A x, got "
-            f"{type(g).__name__}"
-        )
+    _checks.function(
+        g, "g", "the linear function x -> A x", where="dense_tangent_solve: "
+    )
     y_flat, unravel = ravel_pytree(y)
 
     def g_flat(v: jax.Array) -> jax.Array:
@@ -379,10 +385,7 @@ def iterative_tangent_solve(
     """
     if method not in ("gmres", "cg"):
         raise ValueError(f"method must be 'gmres' or 'cg', got {method!r}")
-    if not _is_real(tol) or not 0 < tol < 1:
-        raise ValueError(
-            f"tol must be a relative tolerance, a float in (0, 1), got {tol!r}"
-        )
+    _checks.number(tol, "tol", above=0, below=1, meaning="a relative tolerance")
 
     def inner(matvec: LinearMap, b: PyTree) -> PyTree:
         if method == "cg":
@@ -668,18 +671,11 @@ def _options(
                 )
             continue
         options[option] = defaults[option] if value is None else value
-    if "memory" in options and (
-        not _is_int(options["memory"]) or options["memory"] < 2
-    ):
-        raise ValueError(
-            f"{name}: memory must be an int >= 2, got {options['memory']!r}"
-        )
-    if "regularization" in options and (
-        not _is_real(options["regularization"]) or not options["regularization"] >= 0
-    ):
-        raise ValueError(
-            f"{name}: regularization must be a float >= 0, "
-            f"got {options['regularization']!r}"
+    if "memory" in options:
+        _checks.integer(options["memory"], "memory", minimum=2, where=f"{name}: ")
+    if "regularization" in options:
+        _checks.number(
+            options["regularization"], "regularization", at_least=0, where=f"{name}: "
         )
     return options
 

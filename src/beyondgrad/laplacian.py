@@ -2,7 +2,7 @@
 
 For a scalar function :math:`f:\\mathbb{R}^d\\to\\mathbb{R}` the Laplacian is the trace of
 its Hessian, :math:`\\Delta f(x) = \\sum_i \\partial^2 f/\\partial x_i^2 =
-\\operatorname{tr} H_f(x)`. :func:`laplacian` computes it in five ways that give the same
+\\operatorname{tr} H_f(x)`. :func:`laplacian` computes it in six ways that give the same
 number (the last one in expectation):
 
 ``"hessian"``
@@ -25,8 +25,13 @@ number (the last one in expectation):
     ``lax.cumlogsumexp``, ``jnp.cumprod``): ``folx_wrong_constructs()`` measures the
     installed folx on small probes of each, and ``"folx"`` warns
     (``FolxWrongValueWarning``, once per construct) when ``f`` uses one it got
-    wrong, recommending :func:`~beyondgrad.forward_laplacian.forward_laplacian` or
-    ``method="hessian"``.
+    wrong, recommending ``method="forward"`` or ``method="hessian"``.
+``"forward"``
+    the project's own forward Laplacian
+    (:func:`beyondgrad.forward_laplacian.forward_laplacian`, Chapter 5): the same
+    one-pass propagation of value, Jacobian and Laplacian, by an interpreter of ``f``'s
+    jaxpr with a rule per JAX primitive. Forward mode throughout, so it also
+    differentiates ``lax.while_loop``, which the reverse-mode methods cannot.
 ``"hutchinson"``
     the unbiased stochastic estimate :math:`\\frac1S\\sum_s v_s^\\top H v_s` with
     Rademacher probes :math:`v_s` (:math:`E[v v^\\top] = I`). One key gives one set of
@@ -63,7 +68,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from beyondgrad import compat
+from beyondgrad import _checks, compat
 
 __all__ = [
     "METHODS",
@@ -79,7 +84,7 @@ __all__ = [
     "laplacian",
 ]
 
-Method = Literal["hessian", "loop", "vmap", "folx", "hutchinson"]
+Method = Literal["hessian", "loop", "vmap", "folx", "forward", "hutchinson"]
 
 
 class LaplacianOptions(TypedDict, total=False):
@@ -94,7 +99,7 @@ class LaplacianOptions(TypedDict, total=False):
     sparsity_threshold: float | None
 
 
-METHODS: tuple[str, ...] = ("hessian", "loop", "vmap", "folx", "hutchinson")
+METHODS: tuple[str, ...] = ("hessian", "loop", "vmap", "folx", "forward", "hutchinson")
 
 
 def check_method(method: object) -> None:
@@ -106,28 +111,17 @@ def check_method(method: object) -> None:
     Raises:
         ValueError: ``method`` is not one of :data:`METHODS`; the message lists them.
     """
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(
-            f"unknown Laplacian method {method!r}; expected one of "
-            f"{', '.join(map(repr, METHODS))}"
-        )
+    _checks.choice(method, "Laplacian method", METHODS)
 
 
 def _check_function(f: object, name: str = "f") -> None:
-    if not callable(f):
-        raise TypeError(
-            f"{name} must be a function of a 1-D array returning a scalar, got "
-            f"{type(f).__name__} (pass the function itself, e.g. log_psi, not its value)"
-        )
+    _checks.function(
+        f, name, "a function of a 1-D array returning a scalar", example="log_psi"
+    )
 
 
 def _check_num_samples(num_samples: object) -> None:
-    if (
-        isinstance(num_samples, bool)
-        or not isinstance(num_samples, int)
-        or num_samples < 1
-    ):
-        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    _checks.integer(num_samples, "num_samples", minimum=1, meaning="the probe count")
 
 
 def check_key(key: object, name: str = "key") -> jax.Array:
@@ -182,20 +176,11 @@ _OPTION_OF = {
 
 
 def _check_options(method: str, given: dict[str, object]) -> None:
-    """Raise ``ValueError`` for an option given that ``method`` would silently ignore."""
+    """Raise ``TypeError`` for an option given that ``method`` would silently ignore."""
     for option, value in given.items():
         owner = _OPTION_OF[option]
         if value is not None and owner != method:
-            shown = (
-                f"{option}={value!r}"
-                if isinstance(value, (int, float))
-                else f"{option} (a {type(value).__name__})"
-            )
-            raise ValueError(
-                f"{shown} applies only to method={owner!r}, not to "
-                f"method={method!r}, which would ignore it: drop {option} or use "
-                f"method={owner!r}"
-            )
+            _checks.ignored_option(option, value, owner, method)
 
 
 def _check_point(x: object) -> jax.Array:
@@ -265,7 +250,8 @@ def grad_and_laplacian(
     See :func:`laplacian` for the methods and arguments. The gradient is exact for every
     method (only the Laplacian of ``"hutchinson"`` is stochastic) and costs nothing
     extra: the Hessian-vector methods linearize ``grad f``, whose primal output is the
-    gradient, and ``"folx"`` reads it from the Jacobian folx propagates anyway.
+    gradient, and ``"folx"`` and ``"forward"`` read it from the Jacobian they
+    propagate anyway.
 
     Args:
         f: a scalar function of a 1-D array.
@@ -282,9 +268,11 @@ def grad_and_laplacian(
         ``(gradient (d,), Laplacian ())``.
 
     Raises:
-        ValueError: unknown ``method``; an option of another method; no ``key`` for
-            ``"hutchinson"``; ``num_samples < 1``; ``x`` not 1-D; ``f`` not scalar.
-        TypeError: ``f`` not callable; ``x`` not floating-point; ``key`` not a key.
+        ValueError: unknown ``method``; no ``key`` for ``"hutchinson"``;
+            ``num_samples < 1``; ``x`` not 1-D; ``f`` not scalar.
+        TypeError: an option of another method (which would ignore it); ``f`` not
+            callable; ``x`` not floating-point; ``key`` not a key; ``num_samples`` not
+            an int.
     """
     check_method(method)
     x = _check_input(f, x)
@@ -304,6 +292,12 @@ def grad_and_laplacian(
         return jax.grad(f)(x), jnp.trace(jax.hessian(f)(x))
     if method == "folx":
         return _folx_grad_and_laplacian(f, x, sparsity_threshold)
+    if method == "forward":
+        # imported here: forward_laplacian imports this module (basis)
+        from beyondgrad.forward_laplacian import forward_laplacian
+
+        _, jac, lap = forward_laplacian(f, x)
+        return jac.reshape(x.shape), lap
     g, hvp = _linearize_grad(f, x)  # hvp(v) = H v, reusing the linearization
     if method == "loop":
         if x.shape[0] == 0:  # nothing to loop over (and eye[i] cannot be traced)
@@ -354,8 +348,8 @@ def _linearize_grad(
         first = str(cause).splitlines()[0]
         raise ValueError(
             f"{first} The Hessian-vector methods ('loop', 'vmap', 'hutchinson') and "
-            "'hessian' use reverse mode; for a lax.while_loop use "
-            "forward_laplacian.forward_laplacian(f, x), which differentiates it in "
+            "'hessian' use reverse mode; for a lax.while_loop use method='forward' "
+            "(forward_laplacian.forward_laplacian(f, x)), which differentiates it in "
             "forward mode"
         ) from e
 
@@ -434,8 +428,8 @@ def _warn_if_folx_is_wrong(f: Callable[[jax.Array], jax.Array], x: jax.Array) ->
             warnings.warn(
                 f"method='folx': the installed folx gives wrong Laplacians on {name} "
                 "with this JAX (measured on a probe, no error raised), and this "
-                "function uses it; use forward_laplacian.forward_laplacian(f, x) "
-                "or method='hessian'",
+                "function uses it; use method='forward' "
+                "(forward_laplacian.forward_laplacian(f, x)) or method='hessian'",
                 FolxWrongValueWarning,
                 stacklevel=4,
             )
@@ -446,15 +440,7 @@ def _folx_grad_and_laplacian(
 ) -> tuple[jax.Array, jax.Array]:
     """The ``"folx"`` method: gradient and Laplacian read from folx's one forward pass."""
     threshold = 0 if sparsity_threshold is None else sparsity_threshold
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or threshold < 0
-    ):
-        raise ValueError(
-            "sparsity_threshold must be a number >= 0 (0 = dense), got "
-            f"{sparsity_threshold!r}"
-        )
+    _checks.number(threshold, "sparsity_threshold", at_least=0, meaning="0 = dense")
     import folx  # optional dependency (the 'chapters' extra)
 
     _warn_if_folx_is_wrong(f, x)
@@ -482,9 +468,9 @@ def hutchinson_probes(key: jax.Array, x: jax.Array, num_samples: int) -> jax.Arr
         ``(num_samples, d)`` entries ±1 of ``x``'s dtype.
 
     Raises:
-        TypeError: ``key`` is not a PRNG key; ``x`` is not floating-point.
-        ValueError: ``key`` is None; ``num_samples`` is not a positive int; ``x`` is
-            not 1-D.
+        TypeError: ``key`` is not a PRNG key; ``x`` is not floating-point;
+            ``num_samples`` is not an int.
+        ValueError: ``key`` is None; ``num_samples < 1``; ``x`` is not 1-D.
     """
     _check_key(key, "hutchinson")
     _check_num_samples(num_samples)
@@ -528,10 +514,10 @@ def laplacian(
     """The Laplacian :math:`\\operatorname{tr}\\nabla^2 f(x)` of a scalar ``f`` at a 1-D ``x``.
 
     ``method`` is one of ``"hessian"``, ``"loop"``, ``"vmap"``, ``"folx"``,
-    ``"hutchinson"`` (see the module docstring). ``"hutchinson"`` needs ``key`` and
-    averages ``num_samples`` Rademacher probes; ``"folx"`` passes ``sparsity_threshold``
-    to ``folx.forward_laplacian`` (0 = dense). An option of another method is an error,
-    not silently ignored.
+    ``"forward"``, ``"hutchinson"`` (see the module docstring). ``"hutchinson"``
+    needs ``key`` and averages ``num_samples`` Rademacher probes; ``"folx"`` passes
+    ``sparsity_threshold`` to ``folx.forward_laplacian`` (0 = dense). An option of
+    another method is a ``TypeError``, not silently ignored.
 
     Args:
         f: a scalar function of a 1-D array.
@@ -544,10 +530,11 @@ def laplacian(
         empty).
 
     Raises:
-        ValueError: an unknown method, an option of another method, a non-1-D ``x``, a
-            non-scalar ``f``, a missing key or ``num_samples < 1``.
-        TypeError: a non-function ``f``, an integer ``x`` or a key that is not a PRNG
-            key.
+        ValueError: an unknown method, a non-1-D ``x``, a non-scalar ``f``, a missing
+            key or ``num_samples < 1``.
+        TypeError: an option of another method, a non-function ``f``, an integer
+            ``x``, a key that is not a PRNG key or a ``num_samples`` that is not an
+            int.
     """
     return grad_and_laplacian(f, x, **options)[1]
 

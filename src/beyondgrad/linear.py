@@ -32,7 +32,7 @@ import numpy as np
 from jax.ad_checkpoint import print_saved_residuals
 from jax.flatten_util import ravel_pytree
 
-from beyondgrad import compat
+from beyondgrad import _checks, compat
 
 __all__ = [
     "PyTree",
@@ -50,8 +50,7 @@ PyTree = Any
 
 
 def _require_callable(fn: Any, name: str) -> None:
-    if not callable(fn):
-        raise TypeError(f"{name} must be a function, got {type(fn).__name__}")
+    _checks.function(fn, name)
 
 
 def _require_inexact(tree: Any, name: str) -> None:
@@ -59,14 +58,13 @@ def _require_inexact(tree: Any, name: str) -> None:
     leaves = jax.tree_util.tree_leaves(tree)
     if not leaves:
         raise ValueError(f"{name} has no array leaves; pass at least one float array")
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        dtype = jnp.result_type(leaf)
-        if not jnp.issubdtype(dtype, jnp.inexact):
-            raise TypeError(
-                f"{name}{jax.tree_util.keystr(path)} has dtype {dtype}; linear maps "
-                "here act on float or complex arrays. Cast it, e.g. "
-                "x.astype(jnp.float32), or close over integer arguments."
-            )
+    _checks.float_leaves(
+        tree,
+        name,
+        complex_ok=True,
+        why="linear maps here act on them",
+        fix="cast it, e.g. x.astype(jnp.float32), or close over integer arguments",
+    )
 
 
 def _match_tree(value: Any, example: Any, name: str, example_name: str) -> None:
@@ -233,10 +231,7 @@ def dot_product_test(
     _require_inexact(in_example, "in_example")
     _require_inexact(out_example, "out_example")
     _require_key(key)
-    if isinstance(linearity_rtol, bool) or not isinstance(linearity_rtol, (int, float)):
-        raise TypeError(f"linearity_rtol must be a float, got {linearity_rtol!r}")
-    if not linearity_rtol > 0:
-        raise ValueError(f"linearity_rtol must be > 0, got {linearity_rtol}")
+    _checks.number(linearity_rtol, "linearity_rtol", above=0, example="1e-4")
     k_u, k_w, k_v = jax.random.split(key, 3)
     u, w = _random_like(k_u, in_example), _random_like(k_w, in_example)
     v = _random_like(k_v, out_example)
@@ -283,8 +278,7 @@ def materialize(
     or outputs.
     """
     _require_callable(linear_fn, "linear_fn")
-    if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False, got {check!r}")
+    _checks.boolean(check, "check")
     _require_inexact(in_example, "in_example")
     flat_in, unravel_in = ravel_pytree(in_example)
     out_shape = jax.eval_shape(linear_fn, in_example)
@@ -325,11 +319,7 @@ def grad_tracer_name(use_direct_linearize: bool | None = None) -> str:
     JAX has no such option). JAX 0.8.2 obeys ``False`` (``"JVPTracer"``); 0.12 ignores
     it (``"LinearizeTracer"`` either way).
     """
-    if use_direct_linearize is not None and not isinstance(use_direct_linearize, bool):
-        raise TypeError(
-            "use_direct_linearize must be None, True or False, got "
-            f"{use_direct_linearize!r}"
-        )
+    _checks.boolean(use_direct_linearize, "use_direct_linearize", none_ok=True)
     seen: list[str] = []
 
     def f(x: jax.Array) -> jax.Array:

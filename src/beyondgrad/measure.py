@@ -29,6 +29,8 @@ from typing import Any
 
 import jax
 
+from beyondgrad import _checks
+
 __all__ = ["Timing", "compile_seconds", "temp_bytes", "time_call", "time_calls"]
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -71,12 +73,22 @@ def time_calls(
 
     ``repeats`` samples per function are taken round-robin; each sample is preceded by
     an untimed call of the same function and loops until it lasts ``min_time`` seconds.
+
+    Args:
+        calls: ``(fn, args)`` pairs; each is timed as ``fn(*args)``.
+        repeats: samples per function, an int >= 1.
+        min_time: the least seconds one sample lasts (a sample loops the call).
+
+    Returns:
+        One :class:`Timing` per pair, in order.
+
+    Raises:
+        TypeError: a pair that is not ``(function, tuple)``; a non-int ``repeats``.
+        ValueError: no pairs; ``repeats < 1``; ``min_time < 0``.
     """
     calls = _check_calls(calls)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    if min_time < 0:
-        raise ValueError(f"min_time must be >= 0 seconds, got {min_time!r}")
+    _checks.integer(repeats, "repeats", minimum=1)
+    _checks.number(min_time, "min_time", at_least=0, meaning="seconds")
     for fn, args in calls:  # compile, fill caches
         jax.block_until_ready(fn(*args))
     samples: list[list[float]] = [[] for _ in calls]
@@ -97,15 +109,32 @@ def time_calls(
 def time_call(
     fn: Callable[..., Any], *args: Any, repeats: int = 7, min_time: float = 0.0
 ) -> Timing:
-    """:func:`time_calls` for one function."""
+    """:func:`time_calls` for one function.
+
+    Args:
+        fn: the function timed as ``fn(*args)``.
+        *args: its arguments.
+        repeats: samples, an int >= 1.
+        min_time: the least seconds one sample lasts.
+
+    Returns:
+        Its :class:`Timing`.
+    """
     return time_calls([(fn, args)], repeats=repeats, min_time=min_time)[0]
 
 
 def compile_seconds(fn: Callable[..., Any], *args: Any) -> float:
-    """Wall seconds to trace, lower and compile ``jax.jit(fn)`` for ``args`` (no run)."""
-    if not callable(fn):
-        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    """Wall seconds to trace, lower and compile ``jax.jit(fn)`` for ``args`` (no run).
+
+    Args:
+        fn: a function, jitted or not (a jitted one's own lowering is used).
+        *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+
+    Returns:
+        Seconds, a float.
+    """
+    _checks.function(fn, "fn")
+    jitted: Any = fn if hasattr(fn, "lower") else jax.jit(fn)
     t0 = time.perf_counter()
     jitted.lower(*args).compile()
     return time.perf_counter() - t0
@@ -115,10 +144,17 @@ def temp_bytes(fn: Callable[..., Any], *args: Any) -> int | None:
     """Temporary bytes XLA plans for ``jax.jit(fn)(*args)``; ``None`` if not reported.
 
     ``fn`` may already be jitted (its own lowering is then reused).
+
+    Args:
+        fn: a function, jitted or not.
+        *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+
+    Returns:
+        The compiled program's temporary bytes, or None where the backend does not
+        report them.
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    _checks.function(fn, "fn")
+    jitted: Any = fn if hasattr(fn, "lower") else jax.jit(fn)
     compiled = jitted.lower(*args).compile()
     try:
         analysis = compiled.memory_analysis()

@@ -18,7 +18,7 @@ from typing import Literal
 
 import jax
 
-from beyondgrad import compat, drift
+from beyondgrad import _checks, compat, drift
 
 __all__ = [
     "BOOK_DEVICE_COUNT",
@@ -80,12 +80,7 @@ def ensure_cpu_devices(n: int = BOOK_DEVICE_COUNT) -> int:
     Called later, it succeeds if at least ``n`` CPU devices already exist and
     otherwise raises ``RuntimeError`` telling you to restart the kernel.
     """
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(
-            f"n must be an int number of CPU devices, got {type(n).__name__}"
-        )
-    if n < 1:
-        raise ValueError(f"n must be >= 1 CPU device, got {n}")
+    _checks.integer(n, "n", minimum=1, meaning="the number of CPU devices")
     if not compat.backends_initialized():
         jax.config.update("jax_num_cpu_devices", n)
     have = len(jax.devices("cpu"))
@@ -138,7 +133,7 @@ def _platform_name(backend: str) -> str:
 
 def describe() -> RuntimeInfo:
     """Platform, devices and versions of the running kernel."""
-    import jaxlib
+    from importlib.metadata import version
 
     devices = jax.devices()
     kinds = sorted({d.device_kind for d in devices})
@@ -148,7 +143,7 @@ def describe() -> RuntimeInfo:
         device_count=len(devices),
         cpu_device_count=len(jax.devices("cpu")),
         jax_version=jax.__version__,
-        jaxlib_version=jaxlib.__version__,
+        jaxlib_version=version("jaxlib"),
         python_version=_platform.python_version(),
         on_colab=on_colab(),
     )
@@ -174,7 +169,9 @@ def demo_mesh(
         )
     if len(set(names)) != len(names):
         raise ValueError(f"axis_names must be distinct, got {names}")
-    if any(not isinstance(s, int) or s < 1 for s in shape_t):
+    for k, s in enumerate(shape_t):
+        _checks.integer(s, f"shape[{k}]", meaning="a mesh axis size")
+    if any(s < 1 for s in shape_t):
         raise ValueError(f"mesh shape entries must be positive ints, got {shape_t}")
     need = math.prod(shape_t)
     default = jax.devices()
@@ -390,14 +387,7 @@ def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> Drif
             f"book_version must be one of the recorded versions {recorded}, "
             f"got {book_version!r}"
         )
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or timeout <= 0
-    ):
-        raise ValueError(
-            f"timeout must be a positive number of seconds, got {timeout!r}"
-        )
+    _checks.number(timeout, "timeout", above=0, meaning="seconds")
     pkg_parent = str(Path(drift.__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(

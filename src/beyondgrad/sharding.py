@@ -40,7 +40,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from beyondgrad import compat
+from beyondgrad import _checks, compat
 
 __all__ = [
     "BlockLayout",
@@ -370,10 +370,7 @@ def explain_vma(
     calls, custom rules) are walked too; their rows carry a ``where`` path.
     Raises ``ValueError`` naming the axis/spec for specs that do not fit mesh or args.
     """
-    if not callable(f):
-        raise TypeError(
-            f"f must be a function, got {type(f).__name__}; pass the function itself"
-        )
+    _checks.function(f, "f")
     _require_mesh(mesh)
     validate_specs(mesh, in_specs, args, what="in_specs")
     if out_specs is not None:
@@ -428,10 +425,7 @@ def explain_transpose(
     A non-linear ``f`` raises JAX's own error (e.g. ``NotImplementedError`` for a
     primitive with no transpose rule).
     """
-    if not callable(f):
-        raise TypeError(
-            f"f must be a function, got {type(f).__name__}; pass the function itself"
-        )
+    _checks.function(f, "f")
     forward = explain_vma(f, mesh, in_specs, *args)
 
     def round_trip(*blocks: Any) -> Any:
@@ -475,10 +469,7 @@ def data_parallel_value_and_grad(
     Plain arrays are placed first (``params`` replicated, ``batch`` split), so any mesh
     works, Explicit or Auto axes.
     """
-    if not callable(loss_fn):
-        raise TypeError(
-            f"loss_fn must be a function (params, batch) -> scalar, got {type(loss_fn).__name__}"
-        )
+    _checks.function(loss_fn, "loss_fn", "a function (params, batch) -> scalar")
     _require_mesh(mesh)
     if not isinstance(axis, str):
         raise TypeError(f"axis must be one mesh axis name (a str), got {axis!r}")
@@ -507,15 +498,14 @@ def data_parallel_value_and_grad(
             raise ValueError("batch has no arrays to split")
         for leaf in leaves:
             validate_spec(mesh, P(axis), np.shape(leaf), what="batch")
-        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-            dtype = jnp.result_type(leaf)
-            if not jnp.issubdtype(dtype, jnp.inexact):
-                raise TypeError(
-                    f"params{jax.tree_util.keystr(path)} has dtype {dtype}; "
-                    "data_parallel_value_and_grad differentiates params, which must "
-                    "be floating-point: pass e.g. jnp.asarray(params, jnp.float32) "
-                    "(or close over integer parameters in loss_fn)"
-                )
+        _checks.float_leaves(
+            params,
+            "params",
+            complex_ok=True,
+            why="data_parallel_value_and_grad differentiates params",
+            fix="pass e.g. jnp.asarray(params, jnp.float32) (or close over integer "
+            "parameters in loss_fn)",
+        )
         n = {np.shape(leaf)[0] for leaf in leaves}
         if len(n) != 1:
             raise ValueError(

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg
 import numpy as np
 
-from beyondgrad import compat
+from beyondgrad import _checks, compat
 from beyondgrad.forward_laplacian import forward_jet
 from beyondgrad.laplacian import basis
 
@@ -207,10 +207,7 @@ def _check_orbitals(
        ``grad``) are replaced by fixed stand-in values for this comparison, so the
        check also runs inside a jitted VMC step.
     """
-    if not callable(orbitals):
-        raise TypeError(
-            f"orbitals must be a function r (3,) -> (n,), got {type(orbitals).__name__}"
-        )
+    _checks.function(orbitals, "orbitals", "a function r (3,) -> (n,)")
     n = positions.shape[0]
     try:
         out = jax.eval_shape(orbitals, jax.ShapeDtypeStruct((3,), positions.dtype))
@@ -377,10 +374,8 @@ def _rows_together_and_alone(
                 _stand_in(c, k) if compat.is_tracer(c) else c
                 for k, c in enumerate(closed.consts)
             ]
-            # jax.core.eval_jaxpr, public on every supported JAX (not jax.extend, whose
-            # first import changes jit's tracing context on JAX 0.12: a jit traced
-            # before it would be traced and compiled again)
-            together, alone = jax.core.eval_jaxpr(
+            # jax.core.eval_jaxpr, read through compat
+            together, alone = compat.eval_jaxpr(
                 closed.jaxpr, consts, _probe_positions(m, dtype)
             )
             if compat.is_tracer(together) or compat.is_tracer(alone):

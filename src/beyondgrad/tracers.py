@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from beyondgrad import compat
+from beyondgrad import _checks, compat
 from beyondgrad.raises import readable_paths
 
 __all__ = [
@@ -205,10 +205,7 @@ def transform(fn: Callable, name: str) -> Callable:
     ``transform(f, "jit(grad)")`` is ``jit(grad(s∘f))`` in the sense of
     :data:`BASE_TRANSFORMATIONS`: the innermost name is applied first.
     """
-    if not callable(fn):
-        raise TypeError(
-            f"fn must be callable (pass the function itself), got {type(fn).__name__}"
-        )
+    _checks.function(fn, "fn", "callable")
     g = fn
     for part in reversed(_parse_transformation(name)):
         wrapper = BASE_TRANSFORMATIONS[part]
@@ -350,10 +347,7 @@ def inspect_transformations(
     :data:`CONVERSIONS` succeed on it. Then the transformed call runs; an exception is
     recorded (class name, first message line), not raised.
     """
-    if not callable(fn):
-        raise TypeError(
-            f"fn must be callable (pass the function to inspect), got {type(fn).__name__}"
-        )
+    _checks.function(fn, "fn", "callable (the function to inspect)")
     if isinstance(transformations, str):
         transformations = (transformations,)
     if not isinstance(transformations, Sequence) or not transformations:
@@ -363,11 +357,8 @@ def inspect_transformations(
         )
     for name in transformations:
         _parse_transformation(name)  # validate all names before running anything
-    if (
-        isinstance(argnum, bool)
-        or not isinstance(argnum, int)
-        or not 0 <= argnum < len(args)
-    ):
+    _checks.integer(argnum, "argnum", minimum=0, meaning="a positional index")
+    if not 0 <= argnum < len(args):
         raise ValueError(
             f"argnum must index one of the {len(args)} positional argument(s), got {argnum!r}"
         )
@@ -564,10 +555,7 @@ class CompilationCounter:
     """
 
     def __init__(self, fn: Callable, **jit_kwargs: Any):
-        if not callable(fn):
-            raise TypeError(
-                f"fn must be callable (pass the function itself), got {type(fn).__name__}"
-            )
+        _checks.function(fn, "fn", "callable")
         bad = set(jit_kwargs) - _JIT_OPTIONS
         if bad:
             raise TypeError(
@@ -621,10 +609,7 @@ def count_traces(
     arguments). The counter is new at every call of this function, so the log does not
     depend on what ran before.
     """
-    if not callable(fn):
-        raise TypeError(
-            f"fn must be callable (pass the function itself), got {type(fn).__name__}"
-        )
+    _checks.function(fn, "fn", "callable")
     if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)) or not calls:
         raise TypeError(
             "calls must be a non-empty list of call(...) records or tuples of positional "
@@ -714,8 +699,7 @@ def format_log(messages: Sequence[str], width: int = 78) -> str:
             "messages must be a list of strings (what jax_log collected), "
             f"got {type(messages).__name__}"
         )
-    if isinstance(width, bool) or not isinstance(width, int) or width < 20:
-        raise ValueError(f"width must be an int >= 20, got {width!r}")
+    _checks.integer(width, "width", minimum=20)
     blocks = []
     for message in messages:
         lines = []
@@ -767,10 +751,7 @@ def innermost_frames(fn: Callable, *args: Any, **kwargs: Any) -> RaisingFrames:
     ``folder/file.py:line in function: source``. Raises ``ValueError`` if ``fn``
     returns normally.
     """
-    if not callable(fn):
-        raise TypeError(
-            f"fn must be callable (pass the function itself), got {type(fn).__name__}"
-        )
+    _checks.function(fn, "fn", "callable")
     previous = jax.config.jax_traceback_filtering
     jax.config.update("jax_traceback_filtering", "off")  # keep JAX's own frames
     try:

@@ -65,6 +65,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from beyondgrad import _checks
 from beyondgrad.laplacian import Method, check_key, check_method, kinetic_energy
 from beyondgrad.slater import check_positions
 from beyondgrad.wavefunctions import Params
@@ -289,11 +290,12 @@ _PROGRAMS = _CompiledPerFunction()
 
 
 def _check_log_psi(log_psi: object) -> None:
-    if not callable(log_psi):
-        raise TypeError(
-            "log_psi must be a function log_psi(params, positions (n, 3)) -> scalar, "
-            f"got {type(log_psi).__name__} (e.g. pass wavefunctions.mlp_log_psi)"
-        )
+    _checks.function(
+        log_psi,
+        "log_psi",
+        "a function log_psi(params, positions (n, 3)) -> scalar",
+        example="wavefunctions.mlp_log_psi",
+    )
 
 
 def _check_walkers(walkers: object) -> jax.Array:
@@ -324,15 +326,12 @@ def _check_params(params: Params) -> None:
             "params has no arrays: pass the wavefunction's parameters, e.g. "
             "wavefunctions.init_params(key, n)"
         )
-    for path, leaf in leaves:
-        dtype = jnp.result_type(leaf)
-        if not jnp.issubdtype(dtype, jnp.floating):
-            where = jax.tree_util.keystr(path) or "params"
-            raise TypeError(
-                f"params{where if where != 'params' else ''} has dtype {dtype}; the "
-                "parameters must be floating-point to be differentiated (cast with "
-                ".astype(jnp.float32), or make them with jnp.float32 values)"
-            )
+    _checks.float_leaves(
+        params,
+        "params",
+        why="they are differentiated",
+        fix="cast with .astype(jnp.float32), or make them with jnp.float32 values",
+    )
 
 
 def sample_walkers(
@@ -375,13 +374,9 @@ def sample_walkers(
     walkers = _check_walkers(walkers)
     check_key(key)
     _check_positive_int(steps, "steps", "the number of Metropolis steps")
-    if isinstance(step_size, bool) or not (
-        isinstance(step_size, (int, float)) and step_size > 0
-    ):
-        raise ValueError(
-            "step_size must be a positive number (a proposal standard deviation), "
-            f"got {step_size!r}"
-        )
+    _checks.number(
+        step_size, "step_size", above=0, meaning="a proposal standard deviation"
+    )
     chain = _PROGRAMS.get(
         log_psi, ("metropolis", steps), functools.partial(_metropolis, steps=steps)
     )
@@ -423,12 +418,7 @@ def _check_estimator(estimator: object) -> None:
 
 
 def _check_omega(omega: object) -> float:
-    if isinstance(omega, bool) or not isinstance(omega, (int, float)):
-        raise TypeError(
-            "omega must be a Python number (the trap frequency), got "
-            f"{type(omega).__name__}"
-        )
-    return float(omega)
+    return _checks.number(omega, "omega", meaning="the trap frequency")
 
 
 def walker_keys(key: jax.Array, count: int, *, first: jax.Array | int = 0) -> jax.Array:
@@ -456,9 +446,7 @@ def walker_keys(key: jax.Array, count: int, *, first: jax.Array | int = 0) -> ja
 
 
 def _check_positive_int(value: object, name: str, meaning: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int ({meaning}), got {value!r}")
-    return value
+    return _checks.integer(value, name, minimum=1, meaning=meaning)
 
 
 def _step(
@@ -561,10 +549,7 @@ def _check_step_input(
             )
         check_key(key)
     elif key is not None:
-        raise ValueError(
-            f"key applies only to method='hutchinson', not to method={method!r}, "
-            "which would ignore it: drop key or use method='hutchinson'"
-        )
+        _checks.ignored_option("key", key, "hutchinson", method)
     _check_params(params)
     return _check_walkers(walkers)
 

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from beyondgrad import _checks
 from beyondgrad.laplacian import check_key
 from beyondgrad.slater import check_positions, logdet_and_inverse, slater_log_psi
 
@@ -78,14 +79,8 @@ def init_params(
         ValueError: ``n_electrons`` or ``hidden`` is not a positive int.
     """
     check_key(key)
-    if (
-        isinstance(n_electrons, bool)
-        or not isinstance(n_electrons, int)
-        or n_electrons < 1
-    ):
-        raise ValueError(f"n_electrons must be a positive int, got {n_electrons!r}")
-    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-        raise ValueError(f"hidden must be a positive int, got {hidden!r}")
+    _checks.integer(n_electrons, "n_electrons", minimum=1)
+    _checks.integer(hidden, "hidden", minimum=1, meaning="the hidden width")
     try:
         floating = jnp.issubdtype(dtype, jnp.floating)
     except TypeError:

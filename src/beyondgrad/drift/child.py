@@ -207,7 +207,6 @@ def environment() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     import jax
-    import jaxlib
 
     try:
         folx = version("folx")
@@ -215,7 +214,7 @@ def environment() -> dict:
         folx = ""
     return {
         "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
+        "jaxlib": version("jaxlib"),
         "python": platform.python_version(),
         "platform": f"{platform.system()}-"
         f"{platform.machine()} cpu x{DEVICES} (simulated)",
@@ -224,7 +223,7 @@ def environment() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per probe")
     ap.add_argument("--fast", action="store_true", help="only the probes marked fast")
     ap.add_argument("--jobs", type=int, default=1, help="probes running at once")

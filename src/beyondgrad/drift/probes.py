@@ -272,11 +272,11 @@ def ch1_error_hierarchy() -> str:
     "whether the ConcreteArray aval class still exists",
 )
 def ch1_concrete_array_class() -> str:
-    import jax
+    from jax import core as jcore
     from jax._src import core
 
     return (
-        f"jax.core.ConcreteArray={hasattr(jax.core, 'ConcreteArray')}, "
+        f"jax.core.ConcreteArray={hasattr(jcore, 'ConcreteArray')}, "
         f"jax._src.core.ConcreteArray={hasattr(core, 'ConcreteArray')}"
     )
 
@@ -1163,7 +1163,7 @@ def unreduced_contraction() -> str:
     mesh = _explicit_mesh()
     a = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, _P("x", "y")))
     b = jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh, _P("y", None)))
-    spec = jax.sharding.PartitionSpec("x", None, unreduced={"y"})
+    spec = jax.sharding.PartitionSpec("x", None, unreduced=frozenset({"y"}))
     reshard = getattr(jax, "reshard", None) or jax.sharding.reshard
     with _mesh_context(mesh):
         c = jnp.matmul(a, b, out_sharding=spec)
@@ -1212,7 +1212,7 @@ def shard_map_out_specs_unreduced() -> str:
 
     mesh = _explicit_mesh((8,), ("data",))
     X = jax.device_put(jnp.arange(32.0).reshape(16, 2), NamedSharding(mesh, _P("data")))
-    spec = jax.sharding.PartitionSpec(None, unreduced={"data"})
+    spec = jax.sharding.PartitionSpec(None, unreduced=frozenset({"data"}))
 
     def body(xb):
         return lax.pcast(jnp.sum(xb, axis=0), "data", to="unreduced")

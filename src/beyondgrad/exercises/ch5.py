@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from beyondgrad import _checks
 from beyondgrad import exercises as ex
 
 __all__ = [
@@ -476,8 +477,8 @@ def check_sharded_variance_step(
         return ex.verdict(name, [msg], strict=strict)
     if seed is None:
         seed = int(np.random.default_rng().integers(2**31))
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    if not isinstance(seed, np.integer):
+        _checks.integer(seed, "seed", meaning="or None")
     sizes = _variance_sizes(int(seed))
     drawn = (
         f"seed={seed}: "

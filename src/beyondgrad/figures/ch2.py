@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from beyondgrad import linear, measure
+from beyondgrad import _checks, linear, measure
 
 if TYPE_CHECKING:  # matplotlib is imported only when a figure is drawn
     from matplotlib.figure import Figure
@@ -28,11 +28,7 @@ STRATEGIES = ("jacfwd", "jacrev", "linearize + materialize")
 
 
 def _positive_int(name: str, n: object) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"{name} must be a positive int, got {n!r}")
-    return n
+    return _checks.integer(n, name, minimum=1)
 
 
 def mlp_map(
@@ -46,8 +42,7 @@ def mlp_map(
     """
     n_in, n_out = _positive_int("n_in", n_in), _positive_int("n_out", n_out)
     hidden = _positive_int("hidden", hidden)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    _checks.integer(seed, "seed")
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
     w1 = jax.random.normal(k1, (hidden, n_in)) / math.sqrt(n_in)
     w2 = jax.random.normal(k2, (n_out, hidden)) / math.sqrt(hidden)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from beyondgrad import measure
+from beyondgrad import _checks, measure
 from beyondgrad.implicit import Adjoint, SolverInfo, TangentSolver, fixed_point
 
 if TYPE_CHECKING:
@@ -115,21 +115,16 @@ def deq_params(
         ValueError: ``radius`` outside ``(0, 1)``.
     """
     for name, value in (("d", d), ("d_in", d_in)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise TypeError(
-                f"deq_params: {name} must be a Python int >= 1 (a size), got {value!r}"
-            )
-    if (
-        isinstance(radius, bool)
-        or not isinstance(radius, (int, float))
-        or not 0 < radius < 1
-    ):
-        raise ValueError(
-            f"deq_params: radius must be a float in (0, 1) for a contraction, "
-            f"got {radius!r}"
-        )
-    if isinstance(input_scale, bool) or not isinstance(input_scale, (int, float)):
-        raise TypeError(f"deq_params: input_scale must be a float, got {input_scale!r}")
+        _checks.integer(value, name, minimum=1, meaning="a size", where="deq_params: ")
+    _checks.number(
+        radius,
+        "radius",
+        above=0,
+        below=1,
+        meaning="for a contraction",
+        where="deq_params: ",
+    )
+    _checks.number(input_scale, "input_scale", where="deq_params: ")
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"deq_params: dtype must be a floating dtype, got {dtype!r}")
     if not isinstance(key, jax.Array):
@@ -280,8 +275,7 @@ def tolerance_report(tol: float) -> ToleranceReport:
     Raises:
         ValueError: ``tol`` is not a float ``> 0``.
     """
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
-        raise ValueError(f"tol must be a Python float > 0, e.g. 1e-6, got {tol!r}")
+    _checks.number(tol, "tol", above=0, example="1e-6")
     return _tolerance_report(float(tol))
 
 
@@ -332,16 +326,9 @@ class BenchmarkRow(NamedTuple):
 
 
 def _check_sizes(d: object, repeats: object, min_time: object) -> None:
-    if isinstance(d, bool) or not isinstance(d, int) or d < 2:
-        raise ValueError(f"d must be a Python int >= 2 (the state size), got {d!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a Python int >= 1, got {repeats!r}")
-    if (
-        isinstance(min_time, bool)
-        or not isinstance(min_time, (int, float))
-        or min_time < 0
-    ):
-        raise ValueError(f"min_time must be a number of seconds >= 0, got {min_time!r}")
+    _checks.integer(d, "d", minimum=2, meaning="the state size")
+    _checks.integer(repeats, "repeats", minimum=1)
+    _checks.number(min_time, "min_time", at_least=0, meaning="seconds")
 
 
 def benchmark_implicit_vs_unrolled(
@@ -375,13 +362,13 @@ def benchmark_implicit_vs_unrolled(
     counts = (
         tuple(iteration_counts) if isinstance(iteration_counts, (tuple, list)) else ()
     )
-    if not counts or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts
-    ):
+    if not counts:
         raise ValueError(
             "iteration_counts must be a non-empty tuple of ints >= 1, e.g. (100, 1000), "
             f"got {iteration_counts!r}"
         )
+    for k, n in enumerate(counts):
+        _checks.integer(n, f"iteration_counts[{k}]", minimum=1)
     params = deq_params(jax.random.key(0), d=d, d_in=16, radius=0.99, input_scale=0.1)
     z0 = jnp.zeros((d,), jnp.float32)
     c = jnp.linspace(-1.0, 1.0, d, dtype=jnp.float32)
@@ -479,8 +466,7 @@ def compare_solvers(
         ValueError: Bad sizes, tolerance or timing options.
     """
     _check_sizes(d, repeats, min_time)
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
-        raise ValueError(f"tol must be a Python float > 0, e.g. 1e-5, got {tol!r}")
+    _checks.number(tol, "tol", above=0, example="1e-5")
     params = deq_params(
         jax.random.key(0), d=d, d_in=16, radius=radius, input_scale=input_scale
     )

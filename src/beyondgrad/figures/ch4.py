@@ -13,6 +13,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec as P
 
+from beyondgrad import _checks
 from beyondgrad.sharding import BlockLayout, block_layout, spec_str
 
 __all__ = [
@@ -58,10 +59,7 @@ class ErrorLog:
         self, name: str, thunk: Callable[[], Any], *, cause: str, fix: str
     ) -> ErrorRecord:
         """Call ``thunk()`` and keep what it raised (or ``"no error"``) as a row."""
-        if not callable(thunk):
-            raise TypeError(
-                f"thunk must be a zero-argument function, got {type(thunk).__name__}"
-            )
+        _checks.function(thunk, "thunk", "a zero-argument function")
         try:
             out = thunk()
             jax.block_until_ready(out)

@@ -69,9 +69,9 @@ Profile = Mapping[int, Mapping[str, float]]
 
 
 def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    from beyondgrad import _checks
+
+    return _checks.integer(value, name, minimum=1)
 
 
 def hutchinson_tradeoff(profile: Profile, n: int, num_samples: int) -> dict[str, float]:
