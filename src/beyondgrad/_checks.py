@@ -17,6 +17,7 @@ from typing import Any, TypeGuard
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -100,6 +101,28 @@ def integer(
     if minimum is not None and value < minimum:
         raise ValueError(f"{where}{name} must be {desc}{about}, got {value!r}")
     return value
+
+
+def seed(value: object, name: str = "seed", *, where: str = "") -> int | None:
+    """``value`` as a seed: ``None`` (fresh entropy) or an int (NumPy integers too,
+    ``bool`` excluded); anything else is a ``TypeError``.
+
+    Args:
+        value: the argument.
+        name: its name, for the message.
+        where: a prefix naming the checking function.
+
+    Returns:
+        ``None`` or ``int(value)``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(
+            f"{where}{name} must be an int or None (None draws a fresh one), "
+            f"got {_got(value)}"
+        )
+    return int(value)
 
 
 def number(

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from beyondgrad import compat
+from beyondgrad import _checks, compat
 from beyondgrad.forward_laplacian import forward_laplacian
 from beyondgrad.vmc import potential_energy
 from beyondgrad.wavefunctions import Params
@@ -99,11 +99,12 @@ def _check_walkers(walkers: Any) -> jax.Array:
 
 
 def _check_log_psi(log_psi: object) -> None:
-    if not callable(log_psi):
-        raise TypeError(
-            "log_psi must be a function log_psi(params, positions (n, 3)) -> scalar, "
-            f"got {type(log_psi).__name__} (e.g. wavefunctions.mlp_log_psi)"
-        )
+    _checks.function(
+        log_psi,
+        "log_psi",
+        "a function log_psi(params, positions (n, 3)) -> scalar",
+        example="wavefunctions.mlp_log_psi",
+    )
 
 
 def _total(x: jax.Array, axis_name: str | None) -> jax.Array:
@@ -157,12 +158,8 @@ def metropolis(
     _check_log_psi(log_psi)
     walkers = _check_walkers(walkers)
     _check_axis_name(axis_name)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if isinstance(step_size, bool) or not (
-        isinstance(step_size, (int, float)) and step_size > 0
-    ):
-        raise ValueError(f"step_size must be a positive number, got {step_size!r}")
+    _checks.integer(steps, "steps", minimum=1, where="metropolis: ")
+    _checks.number(step_size, "step_size", above=0, where="metropolis: ")
     if axis_name is not None:
         key = jax.random.fold_in(key, lax.axis_index(axis_name))
     batch = jax.vmap(log_psi, in_axes=(None, 0))
@@ -249,8 +246,7 @@ def clip_local_energies(
     e_l = jnp.asarray(e_l)
     if e_l.ndim != 1:
         raise ValueError(f"e_l must be 1-D (one energy per walker), got {e_l.shape}")
-    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"scale must be a positive number, got {scale!r}")
+    _checks.number(scale, "scale", above=0, where="clip_local_energies: ")
     everyone = e_l if axis_name is None else lax.all_gather(e_l, axis_name, tiled=True)
     median = jnp.median(everyone)
     deviation = jnp.mean(jnp.abs(e_l - median))
@@ -344,10 +340,7 @@ def natural_gradient(
         )
     if method not in ("sr", "minsr"):
         raise ValueError(f"method must be 'sr' or 'minsr', got {method!r}")
-    if isinstance(damping, bool) or not (
-        isinstance(damping, (int, float)) and damping > 0
-    ):
-        raise ValueError(f"damping must be a positive number, got {damping!r}")
+    _checks.number(damping, "damping", above=0, where="natural_gradient: ")
     local, p = o.shape
     n = _count(local, axis_name)
     o_c = (o - _total(o, axis_name) / n) / math.sqrt(n)
@@ -394,13 +387,8 @@ def collective_bytes(kind: str, nbytes: int, devices: int) -> int:
         raise ValueError(
             f"kind must be 'all_gather', 'reduce_scatter' or 'all_reduce', got {kind!r}"
         )
-    for value, what in ((nbytes, "nbytes"), (devices, "devices")):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{what} must be an int, got {value!r}")
-    if nbytes < 0 or devices < 1:
-        raise ValueError(
-            f"nbytes must be >= 0 and devices >= 1, got {nbytes} and {devices}"
-        )
+    _checks.integer(nbytes, "nbytes", minimum=0, where="collective_bytes: ")
+    _checks.integer(devices, "devices", minimum=1, where="collective_bytes: ")
     one = nbytes * (devices - 1) // devices
     return 2 * one if kind == "all_reduce" else one
 

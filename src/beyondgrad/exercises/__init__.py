@@ -49,6 +49,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from beyondgrad import _checks
+
 __all__ = [
     "NOT_ATTEMPTED",
     "TIME_LIMIT",
@@ -174,12 +176,7 @@ def time_limit(
     longer (a large compile) wraps its calls in ``time_limit(60)``, and the
     :func:`call_answer` calls inside keep that limit.
     """
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or seconds <= 0
-    ):
-        raise ValueError(f"seconds must be a positive number, got {seconds!r}")
+    _checks.number(seconds, "seconds", above=0, where="time_limit: ")
     main = threading.current_thread() is threading.main_thread()
     if not main or not hasattr(signal, "setitimer"):
         yield
@@ -230,11 +227,7 @@ def case_rng(seed: int | None = None) -> np.random.Generator:
     """The random generator a checker draws its cases from: fresh entropy at every
     check (``seed=None``), so no printed seed lets a student replay a draw; a given
     ``seed`` (tests, or a student who asks for a repeatable run) reproduces it."""
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, int | np.integer)
-    ):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-    return np.random.default_rng(seed)
+    return np.random.default_rng(_checks.seed(seed, where="case_rng: "))
 
 
 def require_callable(fn: Any, what: str = "your function") -> str | None:
@@ -578,10 +571,7 @@ def run_with_time_limit(
         seconds: how long to wait for it (> 0).
         what: the name of the code in the message ("your solver").
     """
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise TypeError(f"seconds must be a number, got {type(seconds).__name__}")
-    if not seconds > 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
+    _checks.number(seconds, "seconds", above=0, where="run_with_time_limit: ")
     x64 = bool(jax.config.jax_enable_x64)
     box: dict[str, Any] = {}
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from beyondgrad import _checks
 from beyondgrad import exercises as ex
 
 __all__ = [
@@ -55,11 +56,8 @@ def toy_log_psi(w: jax.Array, x: jax.Array) -> jax.Array:
 
 
 def _seed(seed: int | None) -> int:
-    if seed is None:
-        return int(np.random.default_rng().integers(2**31))
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-    return int(seed)
+    given = _checks.seed(seed)
+    return int(np.random.default_rng().integers(2**31)) if given is None else given
 
 
 def _sizes(seed: int, low: int, high: int) -> list[int]:
