@@ -562,14 +562,9 @@ def cmd_lint(py: Path) -> int:
     return rc or fmt
 
 
-#: Whether pyright's findings fail ``dev.py typecheck`` (and CI). False: pyright runs
-#: and reports, and only mypy decides. Set to True once src/ is pyright-clean.
-PYRIGHT_GATES = False
-
-
 def cmd_typecheck(py: Path) -> int:
     """mypy, then pyright, over src/beyondgrad (both configured in pyproject.toml) with
-    this environment's JAX. pyright fails the command only if :data:`PYRIGHT_GATES`."""
+    this environment's JAX; either one's findings fail the command."""
     rc = subprocess.run([str(py), "-m", "mypy"], cwd=ROOT).returncode
     if rc:
         print(
@@ -580,10 +575,9 @@ def cmd_typecheck(py: Path) -> int:
     if prc:
         print(
             "[dev] pyright found type errors in src/ (config: pyproject.toml "
-            f"[tool.pyright]); {'they fail' if PYRIGHT_GATES else 'reported only, not'}"
-            " failing this command (dev.py: PYRIGHT_GATES)"
+            "[tool.pyright])"
         )
-    return rc or (prc if PYRIGHT_GATES else 0)
+    return rc or prc
 
 
 #: How the whole suite runs: one pytest worker per core (pytest-xdist), and a worker
