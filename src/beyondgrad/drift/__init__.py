@@ -31,6 +31,8 @@ from typing import Literal
 from beyondgrad.drift.probes import PROBES, ChapterRef, Probe
 
 __all__ = [
+    "AS_NEWEST",
+    "CHANGED",
     "KINDS",
     "ChapterRef",
     "Outcome",
@@ -38,6 +40,7 @@ __all__ = [
     "chapter",
     "environment",
     "first_version",
+    "glyph",
     "outcome",
     "printed_as_today",
     "probe",
