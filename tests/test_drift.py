@@ -385,3 +385,34 @@ def test_chapter4_type_system_boundaries_pinned():
         assert drift.outcome("custom_vjp_psum_cotangent", v).value == (
             "[2.8301, 2.8725]"
         ), v
+
+
+def test_print_only_changes_are_one_run_real_changes_stay():
+    """A type printed the old way (ShapedArray(...), {data}) is not a boundary; a
+    changed value is. The runs below are pinned from the recorded results."""
+    assert drift.printed_as_today("ShapedArray(float32[1]{data})") == (
+        "float32[1]{V:data}"
+    )
+    assert drift.printed_as_today("float32[8@x,4]; {V:x}") == "float32[8@x,4]; {V:x}"
+    with pytest.raises(TypeError, match="text must be a str"):
+        drift.printed_as_today(3)
+    starts = lambda pid: [a for a, _, _ in drift.segments(pid)]  # noqa: E731
+    # 0.6.1 (ShapedArray wrapper dropped), 0.7.0 and 0.8.1 ({data} <-> {V:data}) fold
+    assert starts("api_lax_pvary") == ["0.5.3", "0.6.0", "0.10.0"]
+    assert starts("pbroadcast_type") == ["0.5.3", "0.6.0"]
+    assert starts("jvp_hole_jit_sin") == ["0.5.3", "0.6.0"]
+    # real changes of value stay boundaries
+    assert "0.9.0" in starts("make_mesh_default_axis_types")  # Auto -> Explicit
+    assert starts("aval_varying_axes_field") == ["0.5.3", "0.6.0", "0.10.0"]
+
+
+def test_table_marks_runs_against_the_newest_release_not_right_or_wrong():
+    # the jit-ed jvp hole: refused (correctly) on 0.5.3, silently returns since; the
+    # newest behaviour is the bug, and the mark says only that 0.5.3 differs from it
+    rows = drift.table(["jvp_hole_jit_sin"]).splitlines()[2:]
+    assert rows[0].endswith(f"| {drift.CHANGED} raises `ValueError` |")
+    assert f"| {drift.AS_NEWEST} returns `tangent type float32[1]" in rows[1]
+    newest = drift.outcome("jvp_hole_jit_sin", drift.versions()[-1])
+    assert drift.glyph(newest, newest) == drift.AS_NEWEST
+    assert drift.glyph(None, newest) == drift.CHANGED
+    assert "✓" not in drift.table() and "✗" not in drift.table()

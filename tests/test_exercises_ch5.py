@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 
 from beyondgrad import exercises as ex
-from beyondgrad import runtime, wavefunctions
+from beyondgrad import runtime, vmc, wavefunctions
 from beyondgrad.exercises import ch5
 
 runtime.ensure_cpu_devices(8)
@@ -266,13 +266,22 @@ def test_row_bad_inputs_each_get_their_message(answer, expected):
 SEED = 3  # sizes drawn by the checker from this seed (the tests repeat them)
 
 
-def _kinetic(p, x, *, cast=True):
+def check(answer, seed=SEED):
+    """The checker at the sizes of ``seed`` (the public one draws its own)."""
+    return ch5._check_variance(answer, False, seed)
+
+
+def _kinetic_only(p, x, *, cast=True):
     f = lambda v: wavefunctions.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
     g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
     eye = jnp.eye(g.shape[0], dtype=g.dtype)
     if cast:
         eye = lax.pcast(eye, "data", to="varying")
     return -0.5 * (jnp.trace(jax.vmap(hvp)(eye)) + g @ g)
+
+
+def _kinetic(p, x, *, cast=True):  # the local energy E_L = T + V
+    return _kinetic_only(p, x, cast=cast) + vmc.potential_energy(x)
 
 
 def _all(t):
@@ -295,7 +304,13 @@ def moments_step(params, walkers):
     def kinetic(p, x):
         f = lambda v: wavefunctions.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
         v = x.reshape(-1)
-        return -0.5 * (jnp.trace(jax.hessian(f)(v)) + jnp.sum(jax.grad(f)(v) ** 2))
+        t = -0.5 * (jnp.trace(jax.hessian(f)(v)) + jnp.sum(jax.grad(f)(v) ** 2))
+        # the potential written out: trap (omega = 1) and Coulomb, pair by pair
+        pot = 0.5 * jnp.sum(x * x)
+        for i in range(x.shape[0]):
+            for j in range(i + 1, x.shape[0]):
+                pot = pot + 1 / jnp.linalg.norm(x[i] - x[j])
+        return t + pot
 
     def variance(p):
         t = jax.vmap(kinetic, in_axes=(None, 0))(p, walkers)
@@ -330,6 +345,43 @@ def mean_not_variance(params, walkers):
     return jax.value_and_grad(mean)(params)
 
 
+def kinetic_only_variance(params, walkers):
+    """The old statement's answer: the variance of T without the potential."""
+
+    def variance(p):
+        t = jax.vmap(_kinetic_only, in_axes=(None, 0))(p, walkers)
+        total, count = _all(t)
+        return _all((t - total / count) ** 2)[0] / count
+
+    return jax.value_and_grad(variance)(params)
+
+
+def hard_coded_count(params, walkers):
+    """Divides by the number of walkers of the first drawn case, written in."""
+    count = ch5._variance_sizes(SEED)[0][1] * ch5.SHARDED_DEVICES
+
+    def variance(p):
+        t = jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers)
+        mean = lax.psum(jnp.sum(t), "data") / count
+        return lax.psum(jnp.sum((t - mean) ** 2), "data") / count
+
+    return jax.value_and_grad(variance)(params)
+
+
+def hard_coded_electrons(params, walkers):
+    """Reshapes each walker to the electron count of the first drawn case."""
+    n = ch5._variance_sizes(SEED)[0][0]
+
+    def variance(p):
+        t = jax.vmap(lambda x: _kinetic(p, x.reshape(-1)[: 3 * n].reshape(n, 3)))(
+            walkers
+        )
+        total, count = _all(t)
+        return _all((t - total / count) ** 2)[0] / count
+
+    return jax.value_and_grad(variance)(params)
+
+
 def psum_of_grad(params, walkers):
     """The device-count bug: the right variance, then a psum of its gradient."""
     value, grad = variance_step(params, walkers)
@@ -338,34 +390,50 @@ def psum_of_grad(params, walkers):
 
 def test_sharded_right_answers_pass_at_drawn_sizes():
     for answer in (variance_step, moments_step):
-        fb = ch5.check_sharded_variance_step(answer, strict=True, seed=SEED)
-        assert fb.passed
+        fb = check(answer)
+        assert fb.passed, text(fb)
     out = text(fb)
     assert "runs in shard_map over 'data' (8 devices, check_vma=True)" in out
+    assert f"at {ch5.VAR_CASES} sizes drawn at random" in out
+    assert "the variance of E_L = T + V" in out
     assert f"|error| <= {ch5.VAR_TOL:g} (1 + max|expected|)" in out
-    assert f"seed={SEED}: " in out and f"rerun with seed={SEED}" in out
 
 
 def test_sharded_sizes_are_drawn_beyond_any_small_unroll():
-    sizes = {tuple(ch5._variance_sizes(seed)) for seed in range(40)}
-    electrons = {e for case in sizes for e, _ in case}
-    walkers = {w for case in sizes for _, w in case}
+    draws = [ch5._variance_sizes(seed) for seed in range(40)]
+    electrons = {e for case in draws for e, _ in case}
+    walkers = {w for case in draws for _, w in case}
     assert electrons == set(ch5.VAR_ELECTRONS) and min(electrons) > 3  # 5.8 has 3
     assert walkers == set(ch5.VAR_WALKERS_PER_DEVICE)
-    assert all(len({e for e, _ in case}) == ch5.VAR_CASES for case in sizes)
-    assert len(sizes) > 10
-    # a fresh seed each call unless one is given; the message names it
+    assert ch5.VAR_CASES >= 2
+    for case in draws:  # distinct in both sizes: no written-in size passes them all
+        assert len({e for e, _ in case}) == len({w for _, w in case}) == ch5.VAR_CASES
+    assert len({tuple(case) for case in draws}) > 10
+
+
+def test_sharded_checker_prints_no_seed_and_takes_none():
+    import inspect
+
+    assert "seed" not in inspect.signature(ch5.check_sharded_variance_step).parameters
     fb = ch5.check_sharded_variance_step(mean_not_variance)
-    assert "rerun with seed=" in text(fb)
+    assert not fb.passed
+    assert "seed" not in text(fb) and "the next check draws anew" in text(fb)
+
+
+@pytest.mark.parametrize("answer", [hard_coded_count, hard_coded_electrons])
+def test_sharded_written_in_sizes_fail_every_draw(answer):
+    # the answer is right at the first drawn case's size and wrong at the other
+    fb = check(answer)
+    assert not fb.passed, text(fb)
 
 
 def test_sharded_tolerance_is_pinned():
     # VAR_TOL is 1e-13 (the numbers below are written out, so that loosening it 10x
     # fails here): correct answers are off by <= 1.8e-14 (1 + max|expected|). An answer
     # off by 3e-13 relative (3x) is rejected, 3e-14 (0.3x) accepted.
-    far = ch5.check_sharded_variance_step(_scaled(variance_step, 1 + 3e-13), seed=SEED)
+    far = check(_scaled(variance_step, 1 + 3e-13))
     assert not far.passed and "differs from the reference" in text(far), text(far)
-    near = ch5.check_sharded_variance_step(_scaled(variance_step, 1 + 3e-14), seed=SEED)
+    near = check(_scaled(variance_step, 1 + 3e-14))
     assert near.passed, text(near)
 
 
@@ -376,7 +444,12 @@ def test_sharded_tolerance_is_pinned():
         (unbiased_variance, "you divided by N - 1"),
         (
             mean_not_variance,
-            "you returned the mean kinetic energy; return its variance",
+            "you returned the mean local energy; return its variance",
+        ),
+        (
+            kinetic_only_variance,
+            "your variance is that of the kinetic energy T alone: the local energy "
+            "is E_L = T + V",
         ),
         (
             psum_of_grad,
@@ -388,17 +461,24 @@ def test_sharded_tolerance_is_pinned():
             "your gradient is +2 x the right one: differentiate the variance itself",
         ),
     ],
-    ids=["per-device", "n-minus-1", "mean", "psum-of-grad", "twice-the-gradient"],
+    ids=[
+        "per-device",
+        "n-minus-1",
+        "mean",
+        "kinetic-only",
+        "psum-of-grad",
+        "twice-the-gradient",
+    ],
 )
 def test_sharded_near_misses_say_what_to_change(answer, expected):
-    fb = ch5.check_sharded_variance_step(answer, seed=SEED)
+    fb = check(answer)
     assert not fb.passed
     assert expected in text(fb), text(fb)
-    assert f"(sizes drawn with seed={SEED}:" in text(fb)
+    assert "(sizes drawn for this check: " in text(fb)
 
 
 def test_sharded_uncast_basis_keeps_jax_hint_and_names_the_mesh():
-    fb = ch5.check_sharded_variance_step(_uncast, seed=SEED)
+    fb = check(_uncast)
     out = text(fb)
     assert (
         "your step inside shard_map raised ValueError: linearized function called on "
@@ -458,13 +538,11 @@ SHARD_BAD = [
     "answer, expected", [c[1:] for c in SHARD_BAD], ids=[c[0] for c in SHARD_BAD]
 )
 def test_sharded_bad_inputs_each_get_their_message(answer, expected):
-    fb = ch5.check_sharded_variance_step(answer, seed=SEED)
+    fb = check(answer)
     assert not fb.passed
     assert expected in text(fb), text(fb)
 
 
 def test_sharded_bad_seed_is_refused():
-    with pytest.raises(
-        TypeError, match=r"seed must be a Python int \(or None\), e.g. seed=1, got str"
-    ):
-        ch5.check_sharded_variance_step(variance_step, seed="3")
+    with pytest.raises(TypeError, match="seed must be an int or None"):
+        ch5._check_variance(variance_step, False, "3")

@@ -174,9 +174,9 @@ def _row_second_derivative_wrong_sign(a, i, u):
 def _sharded_variance(
     params, walkers, *, cast_basis=True, varying_init=True, psum_grad=False, ddof=0
 ):
-    from beyondgrad import wavefunctions
+    from beyondgrad import vmc, wavefunctions
 
-    def kinetic(p, x):
+    def kinetic(p, x):  # the local energy E_L = T + V
         f = lambda v: wavefunctions.mlp_log_psi(p, v.reshape(x.shape))  # noqa: E731
         g, hvp = jax.linearize(jax.grad(f), x.reshape(-1))
         eye = jnp.eye(g.shape[0], dtype=g.dtype)
@@ -184,7 +184,7 @@ def _sharded_variance(
             eye = lax.pcast(eye, "data", to="varying")
         init = jnp.zeros_like(g[0]) if varying_init else 0.0
         lap = lax.fori_loop(0, g.shape[0], lambda i, acc: acc + hvp(eye[i])[i], init)
-        return -0.5 * (lap + g @ g)
+        return -0.5 * (lap + g @ g) + vmc.potential_energy(x)
 
     def variance(p):
         t = jax.vmap(kinetic, in_axes=(None, 0))(p, walkers)
@@ -506,39 +506,39 @@ MISTAKES = [
     ),
     Mistake(
         "ch5-per-device-variance",
-        lambda: ex5.check_sharded_variance_step(
-            functools.partial(_sharded_variance, ddof="per-device"), seed=3
+        lambda: ex5._check_variance(
+            functools.partial(_sharded_variance, ddof="per-device"), False, 3
         ),
         "your variance is the mean of each device's own variance: the deviations must "
         "be taken from the mean over all walkers",
     ),
     Mistake(
         "ch5-n-minus-1",
-        lambda: ex5.check_sharded_variance_step(
-            functools.partial(_sharded_variance, ddof=1), seed=3
+        lambda: ex5._check_variance(
+            functools.partial(_sharded_variance, ddof=1), False, 3
         ),
         "you divided by N - 1",
     ),
     Mistake(
         "ch5-uncast-eye",
-        lambda: ex5.check_sharded_variance_step(
-            functools.partial(_sharded_variance, cast_basis=False), seed=3
+        lambda: ex5._check_variance(
+            functools.partial(_sharded_variance, cast_basis=False), False, 3
         ),
         "your step inside shard_map raised ValueError: linearized function called on tangent values "
         "inconsistent with the original primal values",
     ),
     Mistake(
         "ch5-invariant-init",
-        lambda: ex5.check_sharded_variance_step(
-            functools.partial(_sharded_variance, varying_init=False), seed=3
+        lambda: ex5._check_variance(
+            functools.partial(_sharded_variance, varying_init=False), False, 3
         ),
         "your step inside shard_map raised TypeError: scan body function carry input and carry output "
         "must have equal types, but they differ",
     ),
     Mistake(
         "ch5-psum-of-grad",
-        lambda: ex5.check_sharded_variance_step(
-            functools.partial(_sharded_variance, psum_grad=True), seed=3
+        lambda: ex5._check_variance(
+            functools.partial(_sharded_variance, psum_grad=True), False, 3
         ),
         "your gradient is 8 x the single-device gradient (8 devices): the device-count bug",
     ),

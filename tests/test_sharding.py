@@ -473,10 +473,10 @@ def test_validate_spec_accepts_tuples_none_and_size_maps():
 
 
 def _report_script() -> str:
-    """The minimal script of Chapter 4's upstream report (a quoted code block)."""
+    """The minimal script of the jvp report (a quoted code block of the appendix)."""
     from tools import book
 
-    text = (book.CHAPTERS / "04_shard_map_vma.md").read_text()
+    text = (book.ROOT / "appendix_jax_bugs.md").read_text()
     section = text[text.index("(jvp-hole-report)=") :]
     start = section.index("> ```python\n") + len("> ```python\n")
     block = section[start : section.index("> ```\n", start)]
@@ -507,16 +507,25 @@ def test_jvp_report_script_shows_what_the_report_says():
     assert run.returncode == 0, run.stderr
     lines = run.stdout.split("\n")
     varying, invariant = "float32[2]{V:data}", "float32[2]"
-    # 1: lax.sin, the tangent is typed varying and out_specs=P() is refused
-    assert lines[0].split()[-1] == varying
-    assert lines[1].startswith("1 | ValueError: shard_map applied to the function")
-    # 2, 3: jit(lax.sin) and 2 * q, the tangent is typed invariant; one block returns
-    assert lines[2].split()[-1] == invariant
-    assert lines[3] == "2 | returned [0.        0.5403023]"  # cos(1) * [0, 1]
-    assert lines[4].split()[-1] == invariant
-    assert lines[5] == "3 | returned [0. 2.]"  # 2 * [0, 1]: block 0 of 2 * [0 1 2 3]
-    # 4: lax.mul with a constant, the internal error
-    assert lines[6].startswith("4 | ValueError: Primitive mul requires varying manual")
+    by_form: dict[str, list[str]] = {}
+    for line in filter(None, lines):
+        name, _, rest = line.partition(" | ")
+        by_form.setdefault(name, []).append(rest)
+    # a bare primitive: the tangent is typed varying and out_specs=P() is refused
+    assert by_form["sin"][0] == f"tangent: {varying}"
+    assert by_form["sin"][1].startswith("ValueError: shard_map applied to the function")
+    # jit, checkpoint, cond, while: typed invariant, device 0's block comes back
+    for form in ("jit", "checkpoint", "cond", "while"):
+        assert by_form[form] == [
+            f"tangent: {invariant}",
+            "returned [0.        0.5403023]",  # cos(1) * [0, 1]
+        ], form
+    # 2 * q (jnp.multiply is jit-ed): block 0 of 2 * [0 1 2 3]
+    assert by_form["2*q"] == [f"tangent: {invariant}", "returned [0. 2.]"]
+    # scan checks its carry's type: it raises before the body prints
+    assert by_form["scan"] == [
+        "ValueError: Scan carry input and output got mismatched varying"
+    ]
 
 
 @pytest.mark.parametrize("kind", AXIS_TYPES)

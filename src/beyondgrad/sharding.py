@@ -7,12 +7,16 @@ Inside ``jax.shard_map`` every value has a type that says over which mesh axes i
 
 * an operation's result varies over the union of its operands' varying axes
   (invariant operands are cast to varying first, a type change with no communication);
-* ``psum``/``pmean``/``pmax`` over an axis remove it; ``all_gather`` (by default),
+* ``psum``/``pmean``/``pmax``/``pmin`` over an axis remove it; ``all_gather`` (by default),
   ``psum_scatter``, ``all_to_all`` and ``ppermute`` keep it; a cast to varying adds it;
 * every linear collective has a transpose that is a collective too (``psum`` <->
   cast to varying, ``all_gather`` <-> ``psum_scatter``, ``ppermute`` <-> the inverse
   permutation), so the gradient with respect to invariant parameters of a per-device
-  loss is already summed over the devices.
+  loss is already summed over the devices; under ``vmap`` (per-example gradients,
+  ``jacrev``) that ``psum`` sums each local example index over the devices, so cast
+  the parameters to varying first (JAX 0.8.2 raises a ``TypeError`` there, newer JAX
+  returns the wrong numbers: upgrading is no fix);
+* ``pmax``/``pmin`` have no differentiation rule at all (neither JVP nor transpose).
 
 Contents: :func:`explain_vma` (a per-equation table of varying axes),
 :func:`explain_transpose` (the same for the transpose of a linear function),

@@ -31,6 +31,8 @@ from typing import Literal
 from beyondgrad.drift.probes import PROBES, ChapterRef, Probe
 
 __all__ = [
+    "AS_NEWEST",
+    "CHANGED",
     "KINDS",
     "ChapterRef",
     "Outcome",
@@ -38,7 +40,9 @@ __all__ = [
     "chapter",
     "environment",
     "first_version",
+    "glyph",
     "outcome",
+    "printed_as_today",
     "probe",
     "probe_ids",
     "results_path",
@@ -51,6 +55,25 @@ __all__ = [
 Kind = Literal["returns", "raises", "crash", "unavailable"]
 KINDS: tuple[str, ...] = ("returns", "raises", "crash", "unavailable")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
+#: Older ways JAX printed a type inside ``shard_map``: ``ShapedArray(float32[2])``
+#: for ``float32[2]``, and ``{data}`` (0.7.x) for the varying axes ``{V:data}``.
+_SHAPED = re.compile(r"ShapedArray\(([^()]*)\)")
+_BARE_AXES = re.compile(r"\{(?![VUR]:)([A-Za-z_][\w, ]*)\}")
+
+
+def printed_as_today(text: str) -> str:
+    """``text`` with JAX's older prints of a type rewritten the newest way.
+
+    ``ShapedArray(float32[1]{data})`` becomes ``float32[1]{V:data}``: the wrapper
+    went in 0.6.1, and 0.7.x printed varying axes without the ``V:``. Two outcomes
+    whose values agree after this differ only in how a type was printed.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    previous = None
+    while previous != text:
+        previous, text = text, _SHAPED.sub(r"\1", text)
+    return _BARE_AXES.sub(r"{V:\1}", text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +103,10 @@ class Outcome:
     def same_behaviour(self, other: Outcome, *, exact: bool = True) -> bool:
         """Same kind, value and exception class; with ``exact`` also message and frame.
 
-        ``exact=False`` is the comparison across versions (messages and line numbers
-        move between releases even when the behaviour is the same).
+        ``exact=False`` is the comparison across versions: messages and line numbers
+        move between releases even when the behaviour is the same, and values are
+        compared as :func:`printed_as_today` prints them (a type printed the old way
+        is the same behaviour).
         """
         if not isinstance(other, Outcome):
             raise TypeError(f"expected an Outcome, got {type(other).__name__}")
@@ -91,7 +116,11 @@ class Outcome:
             other.exc_class,
         )
         if not exact:
-            return base
+            return (self.kind, printed_as_today(self.value), self.exc_class) == (
+                other.kind,
+                printed_as_today(other.value),
+                other.exc_class,
+            )
         norm = lambda s: _HEX.sub("0x…", s)  # noqa: E731
         return (
             base
@@ -201,16 +230,31 @@ def first_version(probe_id: str, kind: str) -> str | None:
     return None
 
 
-def _cell(o: Outcome | None) -> str:
+#: The glyphs of :func:`table`: the run behaves as on the newest recorded release
+#: (what the chapters teach), or differently (the behaviour changed since).
+AS_NEWEST, CHANGED = "=", "≠"
+
+
+def glyph(o: Outcome | None, newest: Outcome | None) -> str:
+    """:data:`AS_NEWEST` when ``o`` behaves as ``newest`` (``same_behaviour`` with
+    ``exact=False``, or both not run), else :data:`CHANGED`. It says nothing about
+    right or wrong: for a probe of a JAX bug, the newest behaviour is the bug."""
+    if o is None or newest is None:
+        return AS_NEWEST if o is newest else CHANGED
+    return AS_NEWEST if o.same_behaviour(newest, exact=False) else CHANGED
+
+
+def _cell(o: Outcome | None, newest: Outcome | None) -> str:
+    mark = glyph(o, newest)
     if o is None:
-        return "not run"
+        return f"{mark} not run"
     if o.kind == "returns":
         short = o.value if len(o.value) <= 40 else o.value[:39] + "…"
-        text = f"✓ `{short}`"
+        text = f"{mark} returns `{short}`"
     elif o.kind == "raises":
-        text = f"✗ `{o.exc_class.rsplit('.', 1)[-1]}`"
+        text = f"{mark} raises `{o.exc_class.rsplit('.', 1)[-1]}`"
     else:
-        text = f"⚠ {o.kind}"
+        text = f"{mark} {o.kind}"
     return text.replace("|", "\\|")
 
 
@@ -219,7 +263,8 @@ def segments(probe_id: str) -> list[tuple[str, str, Outcome | None]]:
 
     Each run is ``(first, last, outcome)``; two versions are in one run when their
     outcomes have the same kind, value and exception class (``same_behaviour`` with
-    ``exact=False``: messages and line numbers move between releases), or when
+    ``exact=False``: messages and line numbers move between releases, and a value
+    that differs only in how a type is printed is the same), or when
     neither was run. ``outcome`` is the run's newest outcome. Every recorded version
     is in exactly one run, so the runs are the whole row, with the boundaries where
     behaviour changed.
@@ -249,7 +294,9 @@ def _releases(first: str, last: str) -> str:
 def table(probe_ids: Iterable[str] | None = None) -> str:
     """A Markdown table of where behaviour changed: one row per run of versions.
 
-    Columns: probe, releases (first – last recorded version of the run), outcome.
+    Columns: probe, releases (first – last recorded version of the run), outcome
+    (``=`` as on the newest recorded release, ``≠`` changed since; then what the run
+    does, ``returns`` its value or ``raises`` its exception class).
     Rows of one probe follow each other, oldest run first. The table is narrow
     whatever the number of recorded versions (the runs, not the versions, are rows).
     """
@@ -260,7 +307,9 @@ def table(probe_ids: Iterable[str] | None = None) -> str:
     ids = list(PROBES) if probe_ids is None else [_check_probe(p) for p in probe_ids]
     lines = ["| probe | JAX releases | outcome |", "|---|---|---|"]
     for pid in ids:
-        for i, (first, last, o) in enumerate(segments(pid)):
+        runs = segments(pid)
+        for i, (first, last, o) in enumerate(runs):
             name = f"`{pid}`" if i == 0 else ""
-            lines.append(f"| {name} | {_releases(first, last)} | {_cell(o)} |")
+            cell = _cell(o, runs[-1][2])
+            lines.append(f"| {name} | {_releases(first, last)} | {cell} |")
     return "\n".join(lines)

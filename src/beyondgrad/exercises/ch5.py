@@ -5,9 +5,9 @@
 * :func:`check_row_update_second_derivative` (5.2): the second derivative of
   ``log|det(A + t e_i u^T)|`` at ``t = 0``, compared with JAX's in float64.
 * :func:`check_sharded_variance_step` (5.3): a ``shard_map`` body over the mesh axis
-  ``"data"`` (8 devices) returning the variance over all walkers of the local kinetic
-  energy and its parameter gradient, compared with one device, at sizes drawn at
-  random for each check.
+  ``"data"`` (8 devices) returning the variance over all walkers of the local energy
+  and its parameter gradient, compared with one device, at sizes drawn at random for
+  each check.
 
 Each returns a :class:`~beyondgrad.exercises.Feedback`; a bare stub is reported as not
 attempted, and ``strict=True`` raises :class:`~beyondgrad.exercises.ExerciseFailed`
@@ -49,12 +49,11 @@ __all__ = [
 #: The mesh axis the sharded exercise runs over, and its size.
 MESH_AXIS = "data"
 SHARDED_DEVICES = 8
-#: Exercise 5.3: cases per check (each compiles the answer: one keeps the chapter
-#: within its time budget); electron counts and walkers per device are drawn from
-#: these for every check (distinct electron counts within one), so no size can be
-#: hard-coded.
-VAR_CASES = 1
-VAR_ELECTRONS = (4, 5, 6, 7)
+#: Exercise 5.3: cases per check (each compiles the answer once); electron counts and
+#: walkers per device are drawn from these for every check, distinct within one
+#: check in both, so an answer with either size written in fails at least one case.
+VAR_CASES = 2
+VAR_ELECTRONS = (4, 5, 6)
 VAR_WALKERS_PER_DEVICE = (1, 2, 3)
 VAR_HIDDEN = 12
 #: Exercise 5.1: number of variables, and number of points checked.
@@ -310,28 +309,46 @@ def check_row_update_second_derivative(
 
 def _variance_sizes(seed: int) -> list[tuple[int, int]]:
     """``[(electrons, walkers per device), ...]``, one per case, drawn from ``seed``:
-    distinct electron counts from :data:`VAR_ELECTRONS`, walkers per device from
-    :data:`VAR_WALKERS_PER_DEVICE`."""
+    distinct electron counts from :data:`VAR_ELECTRONS` and distinct walkers per device
+    from :data:`VAR_WALKERS_PER_DEVICE`, so that an answer with either size written in
+    fails at least one case."""
     rng = np.random.default_rng(seed)
     electrons = rng.choice(VAR_ELECTRONS, size=VAR_CASES, replace=False)
-    walkers = rng.choice(VAR_WALKERS_PER_DEVICE, size=VAR_CASES)
+    walkers = rng.choice(VAR_WALKERS_PER_DEVICE, size=VAR_CASES, replace=False)
     return [(int(e), int(w)) for e, w in zip(electrons, walkers)]
 
 
-def _variance_problem(
-    electrons: int, per_device: int, seed: int
-) -> tuple[dict[str, jax.Array], jax.Array]:
-    """Parameters and walkers for one case, float64 (call under enable_x64).
+#: XLA options for the checker's compiles: the programs run once, on a few walkers,
+#: so optimising them costs more time than it saves (about 40% of the compile time).
+_FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+@functools.lru_cache(maxsize=16)
+def _variance_cases(
+    sizes: tuple[tuple[int, int], ...], seed: int
+) -> list[dict[str, Any]]:
+    """Each case's problem (parameters and walkers, float64), its one-device
+    reference (the variance of E_L over all walkers and its gradient) and the numbers
+    of the usual mistakes, as NumPy.
 
     The walkers are the best-conditioned third of Gaussian candidates (by the condition
     number of their Slater matrix), so that the rounding error of a correct answer,
     which follows cond(A), stays within a small range from seed to seed.
     """
-    return _make_problem(electrons, per_device * SHARDED_DEVICES, jax.random.key(seed))
+    cases = []
+    with jax.enable_x64(True):
+        keys = jax.random.split(jax.random.key(seed), len(sizes))
+        for k, (electrons, per_device) in zip(keys, sizes):
+            params, walkers = _problem(electrons, per_device * SHARDED_DEVICES, k)
+            case = _reference(params, walkers)
+            cases.append(
+                jax.tree.map(np.asarray, {**case, "params": params, "walkers": walkers})
+            )
+    return cases
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _make_problem(
+@functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=_FAST_COMPILE)
+def _problem(
     electrons: int, count: int, key: jax.Array
 ) -> tuple[dict[str, jax.Array], jax.Array]:
     from beyondgrad import slater, wavefunctions
@@ -347,44 +364,46 @@ def _make_problem(
     return params, candidates[best]
 
 
-def _kinetic_energies(params: Any, walkers: jax.Array) -> jax.Array:
-    """T(x) = -(Δlog|ψ| + |∇log|ψ||²)/2 per walker, from the hand-derived Laplacian
-    (``wavefunctions.mlp_slater_laplacian``), which shares no code with autodiff."""
+@functools.partial(jax.jit, compiler_options=_FAST_COMPILE)
+def _reference(params: Any, walkers: jax.Array) -> dict[str, Any]:
+    """One device: the variance of E_L over all walkers, its gradient, and the
+    numbers of the usual mistakes (for the hints)."""
+
+    def variance(p: Any) -> jax.Array:
+        e_l = _local_energies(p, walkers)
+        return jnp.mean((e_l - jnp.mean(e_l)) ** 2)
+
+    value, grad = jax.value_and_grad(variance)(params)
+    e_l = _local_energies(params, walkers)
+    t = e_l - jax.vmap(_potential)(walkers)
+    count = walkers.shape[0]
+    return {
+        "value": value,
+        "grad": grad,
+        "mean": jnp.mean(e_l),
+        "per_device": jnp.mean(jnp.var(e_l.reshape(SHARDED_DEVICES, -1), axis=1)),
+        "unbiased": jnp.var(e_l) * count / (count - 1),
+        "kinetic_only": jnp.var(t),
+    }
+
+
+def _potential(x: jax.Array) -> jax.Array:
+    from beyondgrad import vmc
+
+    return vmc.potential_energy(x)
+
+
+def _local_energies(params: Any, walkers: jax.Array) -> jax.Array:
+    """E_L(x) = -(Δlog|ψ| + |∇log|ψ||²)/2 + V(x) per walker, from the hand-derived
+    Laplacian (``wavefunctions.mlp_slater_laplacian``), which shares no code with
+    autodiff, and ``vmc.potential_energy`` (harmonic trap and Coulomb repulsion)."""
     from beyondgrad import wavefunctions
 
-    def kinetic(x: jax.Array) -> jax.Array:
+    def local(x: jax.Array) -> jax.Array:
         _, grad, lap = wavefunctions.mlp_slater_laplacian(params, x)
-        return -0.5 * (lap + jnp.sum(grad * grad))
+        return -0.5 * (lap + jnp.sum(grad * grad)) + _potential(x)
 
-    return jax.vmap(kinetic)(walkers)
-
-
-@functools.lru_cache(maxsize=16)
-def _variance_reference(electrons: int, per_device: int, seed: int) -> dict[str, Any]:
-    """One device, float64: the variance of T over all walkers and its gradient."""
-    with jax.enable_x64(True):
-        params, walkers = _variance_problem(electrons, per_device, seed)
-
-        def variance(p: Any) -> jax.Array:
-            t = _kinetic_energies(p, walkers)
-            return jnp.mean((t - jnp.mean(t)) ** 2)
-
-        value, grad = jax.jit(jax.value_and_grad(variance))(params)
-        return {"value": np.asarray(value), "grad": jax.tree.map(np.asarray, grad)}
-
-
-def _variance_mistakes(electrons: int, per_device: int, seed: int) -> dict[str, float]:
-    """The numbers of the usual mistakes (for the hints; computed only for them)."""
-    with jax.enable_x64(True):
-        params, walkers = _variance_problem(electrons, per_device, seed)
-        count = walkers.shape[0]
-        t = jax.jit(_kinetic_energies)(params, walkers)
-        blocks = t.reshape(SHARDED_DEVICES, -1)
-        return {
-            "mean": float(jnp.mean(t)),
-            "per_device": float(jnp.mean(jnp.var(blocks, axis=1))),
-            "unbiased": float(jnp.var(t) * count / (count - 1)),
-        }
+    return jax.vmap(local)(walkers)
 
 
 def _signed_ratio(got: Any, want: Any) -> float | None:
@@ -419,30 +438,32 @@ def _largest(tree: Any) -> float:
     return max(float(np.max(np.abs(np.asarray(a)))) for a in jax.tree.leaves(tree))
 
 
-def _variance_hints(
-    got: Any, ref: dict[str, Any], count: int, case: tuple[int, int, int]
-) -> list[str]:
+def _variance_hints(got: Any, ref: dict[str, Any], count: int) -> list[str]:
     """What a wrong variance most likely is, and what to change."""
     try:
         value = float(np.asarray(got, np.float64))
     except (TypeError, ValueError):
         return []
-    ref = {**ref, **_variance_mistakes(*case)}
     near = lambda a, b: abs(a - b) <= 1e-6 * (1 + abs(b))  # noqa: E731
-    if near(value, ref["per_device"]):
+    if near(value, float(ref["kinetic_only"])):
+        return [
+            "your variance is that of the kinetic energy T alone: the local energy is "
+            "E_L = T + V, with V = vmc.potential_energy(x) (trap and Coulomb terms)"
+        ]
+    if near(value, float(ref["per_device"])):
         return [
             "your variance is the mean of each device's own variance: the deviations "
             "must be taken from the mean over all walkers (a psum over "
             f"{MESH_AXIS!r} of the sums, divided by the global count), then summed "
             "over all devices too"
         ]
-    if near(value, ref["unbiased"]):
+    if near(value, float(ref["unbiased"])):
         return [
             f"you divided by N - 1 = {count - 1}; the checker wants the variance of "
             f"the {count} values, divided by N = {count}"
         ]
-    if near(value, ref["mean"]):
-        return ["you returned the mean kinetic energy; return its variance"]
+    if near(value, float(ref["mean"])):
+        return ["you returned the mean local energy; return its variance"]
     ratio = value / float(ref["value"]) if float(ref["value"]) else None
     if ratio is not None and near(ratio, SHARDED_DEVICES):
         return [
@@ -453,20 +474,31 @@ def _variance_hints(
 
 
 def check_sharded_variance_step(
-    fn: Callable[..., Any], strict: bool = False, seed: int | None = None
+    fn: Callable[..., Any], strict: bool = False
 ) -> ex.Feedback:
     """Exercise 5.3: ``fn(params, walkers)`` as the body of a ``shard_map`` over
-    ``"data"`` returns the variance over all walkers of the local kinetic energy and its
-    gradient with respect to ``params`` (walkers fixed), both invariant.
+    ``"data"`` returns the variance over all walkers of the local energy
+    :math:`E_L = T + V` and its gradient with respect to ``params`` (walkers fixed),
+    both invariant.
 
     Runs ``jax.shard_map(fn, in_specs=(P(), P("data")), out_specs=P(),
     check_vma=True)`` on :data:`SHARDED_DEVICES` devices for :data:`VAR_CASES` cases
-    whose sizes are drawn from ``seed`` (a fresh seed when ``None``; the messages name
-    it): electrons from :data:`VAR_ELECTRONS`, walkers per device from
-    :data:`VAR_WALKERS_PER_DEVICE`. Compares with a one-device float64 reference built
-    on the hand-derived Laplacian: ``|got - want| <= VAR_TOL (1 + max|want|)`` entrywise,
-    the maximum over the variance, or over all leaves of the gradient.
+    whose sizes are drawn afresh for every check (distinct electron counts from
+    :data:`VAR_ELECTRONS`, distinct walkers per device from
+    :data:`VAR_WALKERS_PER_DEVICE`). Compares with a one-device float64 reference built
+    on the hand-derived Laplacian and ``vmc.potential_energy``: ``|got - want| <=
+    VAR_TOL (1 + max|want|)`` entrywise, the maximum over the variance, or over all
+    leaves of the gradient.
+
+    Args:
+        fn: the answer, ``fn(params, walkers) -> (variance, gradient)``.
+        strict: raise :class:`~beyondgrad.exercises.ExerciseFailed` when not passed.
     """
+    return _check_variance(fn, strict, int(np.random.default_rng().integers(2**31)))
+
+
+def _check_variance(fn: Callable[..., Any], strict: bool, seed: int) -> ex.Feedback:
+    """:func:`check_sharded_variance_step` at the sizes drawn from ``seed`` (tests)."""
     from jax.sharding import PartitionSpec as P
 
     from beyondgrad import runtime
@@ -475,15 +507,11 @@ def check_sharded_variance_step(
     msg = ex.require_callable(fn, "my_sharded_variance_step")
     if msg:
         return ex.verdict(name, [msg], strict=strict)
-    if seed is None:
-        seed = int(np.random.default_rng().integers(2**31))
-    if not isinstance(seed, np.integer):
-        _checks.integer(seed, "seed", meaning="or None")
+    given = _checks.seed(seed)
+    seed = int(np.random.default_rng().integers(2**31)) if given is None else given
     sizes = _variance_sizes(int(seed))
-    drawn = (
-        f"seed={seed}: "
-        + ", ".join(f"{e} electrons x {w * SHARDED_DEVICES} walkers" for e, w in sizes)
-        + f"; rerun with seed={seed} to repeat these sizes"
+    drawn = ", ".join(
+        f"{e} electrons x {w * SHARDED_DEVICES} walkers" for e, w in sizes
     )
     mesh = runtime.demo_mesh(SHARDED_DEVICES, MESH_AXIS)
     step = jax.jit(
@@ -493,15 +521,18 @@ def check_sharded_variance_step(
             in_specs=(P(), P(MESH_AXIS)),
             out_specs=P(),  # every output invariant
             check_vma=True,
-        )
+        ),
+        compiler_options=_FAST_COMPILE,
     )
     problems: list[str] = []
-    for electrons, per_device in sizes:
+    for (electrons, per_device), ref in zip(
+        sizes, _variance_cases(tuple(sizes), int(seed))
+    ):
         case = f"{electrons} electrons, {per_device} walkers per device"
         with jax.enable_x64(True), ex.time_limit(60, what="your step"):
-            params, walkers = _variance_problem(electrons, per_device, int(seed))
+            walkers = ref["walkers"]
             got = ex.call_answer(
-                step, params, walkers, what="your step inside shard_map"
+                step, ref["params"], walkers, what="your step inside shard_map"
             )
         if ex.is_stub(got):
             return ex.verdict(name, [], attempted=False, strict=strict)
@@ -516,7 +547,6 @@ def check_sharded_variance_step(
                 + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else "")
             )
             break
-        ref = _variance_reference(electrons, per_device, int(seed))
         count = walkers.shape[0]
         value_problems, grad_problems = [
             ex.tree_mismatches(
@@ -532,9 +562,7 @@ def check_sharded_variance_step(
             )
         ]
         if value_problems:
-            value_problems += _variance_hints(
-                got[0], ref, count, (electrons, per_device, int(seed))
-            )
+            value_problems += _variance_hints(got[0], ref, count)
         elif grad_problems:
             ratio = _signed_ratio(got[1], ref["grad"])
             if ratio is not None and abs(ratio - SHARDED_DEVICES) < 1e-2:
@@ -554,12 +582,15 @@ def check_sharded_variance_step(
         if problems:
             break
     if problems:
-        problems.append(f"(sizes drawn with {drawn})")
+        problems.append(
+            f"(sizes drawn for this check: {drawn}; the next check draws anew)"
+        )
     return ex.verdict(
         name,
         problems,
         success=f"runs in shard_map over {MESH_AXIS!r} ({SHARDED_DEVICES} devices, "
-        f"check_vma=True) at sizes drawn at random ({drawn}); variance and gradient "
+        f"check_vma=True) at {len(sizes)} sizes drawn at random ({drawn}); the "
+        "variance of E_L = T + V and its gradient "
         f"match one device (float64, |error| <= {VAR_TOL:g} (1 + max|expected|), the "
         "maximum over the variance or over the whole gradient)",
         strict=strict,
