@@ -58,10 +58,14 @@ A primitive without a rule is differentiated on its own by forward over forward 
 along each of the ``d`` Jacobian rows (:func:`generic`): correct for any primitive JAX
 can differentiate twice in forward mode, but it costs about ``2 d`` extra JVPs of that
 primitive and loses the sharing a structured rule has. :data:`FALLBACK` lists the
-primitives that use it deliberately (``max``, ``pow``, ``sort``, the linear-algebra
-factorisations, ``custom_jvp_call``, …). For any other primitive without a rule the
-interpreter warns once per primitive (:class:`GenericRuleWarning`, naming the primitive
-and the cost) and proceeds.
+primitives that use it deliberately (``pow``, ``sort``, the linear-algebra
+factorisations, …). For any other primitive without a rule the interpreter warns once
+per primitive (:class:`GenericRuleWarning`, naming the primitive and the cost) and
+proceeds. Whatever the primitives, :func:`forward_jet` also warns (once per set of
+primitives) when the generic rule makes more than :data:`GENERIC_SHARE_WARNING` of a
+program's derivative work by a cost proxy (:class:`_Ledger`), and
+:func:`generic_report` lists each equation sent to it with its compiled flops beside
+the whole program's.
 
 Complex values
 --------------
@@ -72,9 +76,13 @@ function, which is right only for a holomorphic :math:`g`: a non-holomorphic one
 
 ``custom_jvp`` and ``custom_vjp``
 ---------------------------------
-``custom_jvp``: the custom rule is used, as ``jax.jvp`` uses it: the call goes through
-the generic rule (forward over forward mode through the custom JVP rule, which is how
-``jax.hessian`` differentiates it too), never through its primal program. Where the
+``custom_jvp``: the custom rule is used, as ``jax.jvp`` uses it, never the primal
+program's derivative. JAX's own ``slogdet`` and ``det`` (recognised by the identity of
+their primal and JVP functions) take their trace identities (one LU factorisation);
+a call whose primal *and* JVP programs are elementwise (``softplus``, ``relu``,
+``logaddexp``, …) takes the elementwise rule with :math:`g', g''` from the custom rule;
+any other goes through the generic rule (forward over forward mode through the custom
+JVP rule, which is how ``jax.hessian`` differentiates it too). Where the
 rule is the derivative of its own primal output (its purpose: stability, speed) this
 gives ``jax.hessian``'s numbers. A rule that is *not* that derivative makes JAX's own
 second derivatives mix the two (the rule for one factor of a product, the derivative
@@ -108,6 +116,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from beyondgrad import _checks, compat
@@ -131,6 +140,10 @@ __all__ = [
     "forward_laplacian",
     "from_triples",
     "generic",
+    "generic_report",
+    "GENERIC_SHARE_WARNING",
+    "GenericReport",
+    "GenericUse",
     "has_float_result",
     "linear",
     "reduction",
@@ -331,14 +344,55 @@ def _generic_rule(apply: Callable, ins: list) -> list:
 # ----------------------------------------------------------------------------- constructors
 
 
+class _Ledger:
+    """What one trace of :func:`forward_jet` sent to the generic rule, and a cost proxy
+    for the whole program: derivative elements written, ``(d + 1) × size`` per result
+    of a structured rule, ``(2 d + 1) × (operand + result sizes)`` per generic use (it
+    runs the primitive's own JVP ``2 d + 1`` times), times ``n`` for the matrix
+    factorisations and solves of ``n × n`` matrices (:data:`_CUBIC`)."""
+
+    def __init__(self) -> None:
+        self.uses: list[tuple[Any, list[Any]]] = []
+        self.total = 0
+        self.generic = 0
+
+
+_LEDGERS: list[_Ledger] = []
+_CUBIC = {
+    P.lu_p,
+    P.cholesky_p,
+    P.qr_p,
+    P.eigh_p,
+    P.svd_p,
+    P.triangular_solve_p,
+    lax.linear_solve_p,
+}
+
+
+def _size(x: Any) -> int:
+    return int(jnp.size(_val(x)))
+
+
+def _apply_generic(eqn: Any, ins: list) -> list:
+    if _LEDGERS:
+        d = _jet_dim(ins)
+        cost = (2 * d + 1) * (
+            sum(_size(x) for x in ins)
+            + sum(int(np.prod(v.aval.shape)) for v in eqn.outvars)
+        )
+        if eqn.primitive in _CUBIC:  # n^3 work on n^2 elements
+            cost *= int(jnp.shape(_val(ins[0]))[-1])
+        for ledger in _LEDGERS:
+            ledger.uses.append((eqn, list(ins)))
+            ledger.generic += cost
+            ledger.total += cost
+    return _generic_rule(functools.partial(bind, eqn), ins)
+
+
 def generic(reason: str = "") -> Rule:
     """The generic rule, chosen deliberately: forward over forward mode on the primitive
     alone along each Jacobian row (about ``2 d`` JVPs of it). ``reason`` documents why."""
-    return Rule(
-        "generic",
-        lambda eqn, ins: _generic_rule(functools.partial(bind, eqn), ins),
-        reason,
-    )
+    return Rule("generic", _apply_generic, reason)
 
 
 _GENERIC = generic("no structured rule")
@@ -513,18 +567,271 @@ def from_triples(fn: Callable[..., Any]) -> Rule:
 # ----------------------------------------------------------------------------- the rules
 
 
+def _broadcast_jet(x: Any, shape: tuple[int, ...]) -> Any:
+    """``x`` (a Jet or a plain value) broadcast to ``shape`` (numpy rules)."""
+    if not isinstance(x, Jet):
+        return jnp.broadcast_to(x, shape)
+    if tuple(x.val.shape) == tuple(shape):
+        return x
+    d = x.jac.shape[0]
+    jac = jnp.broadcast_to(
+        jnp.reshape(x.jac, (d,) + (1,) * (len(shape) - x.val.ndim) + x.val.shape),
+        (d, *shape),
+    )
+    lap = None if x.lap is None else jnp.broadcast_to(x.lap, shape)
+    return Jet(jnp.broadcast_to(x.val, shape), jac, lap)
+
+
 def _div(eqn: Any, ins: list) -> list:
     """``a / b``: linear in ``a``; for ``b`` depending on r, ``a * (1/b)`` with the
-    elementwise rule for ``1/b`` and the product rule."""
+    elementwise rule for ``1/b`` and the product rule (operands of different shapes,
+    a scalar literal over an array, are broadcast first)."""
     if _dep(ins) == [0]:
         return _linear_rule(functools.partial(bind, eqn), ins, (0,))
     a, b = ins
-    if _is_complex(b.val) or jnp.shape(_val(a)) != jnp.shape(b.val):
+    if _is_complex(b.val):
         return _GENERIC(eqn, ins)
+    shape = jnp.broadcast_shapes(jnp.shape(_val(a)), jnp.shape(b.val))
+    a, b = _broadcast_jet(a, shape), _broadcast_jet(b, shape)
     (inv,) = _unary_rule(lambda v: [1.0 / v[0]], b)
     if not isinstance(a, Jet):
         return _linear_rule(lambda v: [v[0] * v[1]], [a, inv], (1,))
     return _bilinear_rule(lambda v: [v[0] * v[1]], a, inv)
+
+
+def _chooser(eqn: Any, ins: list) -> list:
+    """``max``/``min`` of two operands: the jet of the chosen operand, the mean of the
+    two where they are equal (JAX's own JVP of ``max``/``min`` weighs ties 1/2 each,
+    so this is ``jax.hessian``'s convention). Complex operands: the generic rule."""
+    if any(_is_complex(_val(x)) for x in ins):
+        return _GENERIC(eqn, ins)
+    a, b = (_val(x) for x in ins)
+    (ans,) = bind(eqn, [a, b])
+    wa = jnp.where(a == ans, jnp.where(b == ans, 0.5, 1.0), 0.0).astype(ans.dtype)
+    wb = jnp.where(b == ans, jnp.where(a == ans, 0.5, 1.0), 0.0).astype(ans.dtype)
+    shape = ans.shape
+    outs = _linear_rule(
+        lambda v: [jnp.broadcast_to(wa * v[0] + wb * v[1], shape)], list(ins), (0, 1)
+    )
+    return [Jet(ans, outs[0].jac, outs[0].lap)]
+
+
+def _reduce_chooser(eqn: Any, ins: list) -> list:
+    """``reduce_max``/``reduce_min``: linear with the weights of JAX's JVP (the chosen
+    elements, ties sharing equally): a weighted sum over ``eqn.params['axes']``."""
+    (x,) = ins
+    if _is_complex(x.val):
+        return _GENERIC(eqn, ins)
+    axes = tuple(eqn.params["axes"])
+    (ans,) = bind(eqn, [x.val])
+    keep = jnp.expand_dims(ans, axes)
+    hit = (x.val == keep).astype(x.val.dtype)
+    w = hit / jnp.sum(hit, axis=axes, keepdims=True)
+    jac = jnp.sum(x.jac * w, axis=tuple(a + 1 for a in axes))
+    lap = None if x.lap is None else jnp.sum(x.lap * w, axis=axes)
+    return [Jet(ans, jac, lap)]
+
+
+# ----------------------------------------------------------------------------- custom_jvp
+# A ``custom_jvp_call`` keeps its custom rule (see the module docstring). Two kinds
+# of call have a structure the generic rule would throw away, and get it back here:
+#
+# * ``jnp.linalg.slogdet`` and ``jnp.linalg.det`` (recognised by the identity of
+#   JAX's own primal and JVP functions, never by a name a user could reuse), with
+#   :math:`\partial_k \log|\det A| = \mathrm{tr}(A^{-1}\partial_k A)` and
+#   :math:`\Delta \log|\det A| = \mathrm{tr}(A^{-1}\Delta A)
+#   - \sum_k \mathrm{tr}(A^{-1}\partial_k A\,A^{-1}\partial_k A)`
+#   (Chapter 5): one LU factorisation, whose triangular factors give both the value
+#   and :math:`A^{-1}` (two triangular solves), then matrix products;
+# * elementwise functions (``softplus``, ``logaddexp``, ``relu``, …): a call whose
+#   primal program *and* custom JVP program are elementwise in the one operand that
+#   depends on r takes the elementwise rule, with :math:`g'` and :math:`g''` from
+#   the custom rule (forward over forward mode on ones, as ``jax.hessian`` would).
+
+
+def _function_source(fun: Any) -> str | None:
+    """The ``"name at file:line"`` JAX records for a traced function (or None)."""
+    debug = getattr(getattr(fun, "jaxpr", fun), "debug_info", None)
+    return getattr(debug, "func_src_info", None)
+
+
+def _custom_jvp_sources(eqn: Any) -> tuple[str | None, str | None]:
+    """The primal and JVP functions of a ``custom_jvp_call`` equation, as sources."""
+    params = eqn.params
+    jvp = params.get("jvp_jaxpr_fun", params.get("jvp_jaxpr_thunk"))
+    return _function_source(params.get("call_jaxpr")), _function_source(jvp)
+
+
+def _find_custom_jvp(jaxpr: Any) -> Any:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is P.custom_jvp_call_p:
+            return eqn
+        for value in eqn.params.values():
+            sub = getattr(value, "jaxpr", value)
+            if hasattr(sub, "eqns"):
+                found = _find_custom_jvp(sub)
+                if found is not None:
+                    return found
+    return None
+
+
+@functools.cache
+def _linalg_sources() -> dict[tuple[str | None, str | None], str]:
+    """The sources of JAX's own ``slogdet`` (LU) and ``det`` (n > 3) custom_jvp
+    functions, found by tracing the public functions once."""
+    known = {}
+    for fn, n, kind in ((jnp.linalg.slogdet, 4, "slogdet"), (jnp.linalg.det, 4, "det")):
+        eqn = _find_custom_jvp(jax.make_jaxpr(fn)(jnp.eye(n)).jaxpr)
+        if eqn is not None and None not in _custom_jvp_sources(eqn):
+            known[_custom_jvp_sources(eqn)] = kind
+    return known
+
+
+def _lu_inverse(a: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(sign, log|det a|, a^{-1})`` of a real ``(..., n, n)`` ``a`` from one LU
+    factorisation (``P a = L U``: two triangular solves give ``U^{-1} L^{-1} P``)."""
+    n = a.shape[-1]
+    lu, pivots, perm = lax.linalg.lu(a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    singular = jnp.any(diag == 0, axis=-1)
+    swaps = jnp.sum(pivots != jnp.arange(n, dtype=pivots.dtype), axis=-1)
+    parity = (swaps + jnp.sum(diag < 0, axis=-1)) % 2
+    sign = jnp.where(singular, 0, 1 - 2 * parity).astype(a.dtype)
+    logdet = jnp.where(singular, -jnp.inf, jnp.sum(jnp.log(jnp.abs(diag)), axis=-1))
+    eye = jnp.broadcast_to(jnp.eye(n, dtype=a.dtype), a.shape)
+    x = jnp.take_along_axis(eye, perm[..., :, None], axis=-2)
+    x = lax.linalg.triangular_solve(
+        lu, x, left_side=True, lower=True, unit_diagonal=True
+    )
+    inv = lax.linalg.triangular_solve(lu, x, left_side=True, lower=False)
+    return sign, logdet, inv
+
+
+def _logdet_jet(a: Jet) -> tuple[jax.Array, Jet]:
+    """``sign`` and the Jet of ``log|det a|`` for a Jet of real ``(..., n, n)``."""
+    sign, logdet, inv = _lu_inverse(a.val)
+    # tr(A^{-1} A_k) and, with B_k = A^{-1} A_k, sum_k tr(B_k B_k)
+    jac = jnp.einsum("...ij,k...ji->k...", inv, a.jac)
+    b = jnp.einsum("...ij,k...jl->k...il", inv, a.jac)
+    lap = -jnp.einsum("k...ij,k...ji->...", b, b)
+    if a.lap is not None:
+        lap = lap + jnp.einsum("...ij,...ji->...", inv, a.lap)
+    return sign, Jet(logdet, jac, lap)
+
+
+def _slogdet_rule(ins: list) -> list:
+    sign, logdet = _logdet_jet(ins[0])
+    return [sign, logdet]  # the sign of a real determinant is piecewise constant
+
+
+def _det_rule(ins: list) -> list:
+    """``det = sign exp(L)``: jac ``det ∂L``, Laplacian ``det (ΔL + Σ_k (∂_k L)^2)``
+    (``A`` must be invertible: at a singular ``A`` the derivatives are not finite)."""
+    sign, logdet = _logdet_jet(ins[0])
+    val = sign * jnp.exp(logdet.val)
+    assert logdet.lap is not None
+    lap = val * (logdet.lap + _sum_axes(logdet.jac * logdet.jac, (0,)))
+    return [Jet(val, val * logdet.jac, lap)]
+
+
+#: primitives a program may use and stay elementwise (with operands of one shape, or
+#: scalars): an elementwise custom_jvp function is one built of these alone
+_POINTWISE_KINDS = ("elementwise", "constant")
+_POINTWISE_EXTRA = {
+    lax.add_p,
+    lax.sub_p,
+    lax.mul_p,
+    lax.div_p,
+    lax.max_p,
+    lax.min_p,
+    lax.pow_p,
+    lax.atan2_p,
+    lax.rem_p,
+    lax.clamp_p,
+    lax.nextafter_p,
+    lax.select_n_p,
+    lax.neg_p,
+    lax.convert_element_type_p,
+    lax.copy_p,
+    lax.broadcast_in_dim_p,  # of a scalar only (the shape check below)
+    P.custom_jvp_call_p,
+    P.jit_p,
+    P.closed_call_p,
+    *(compat.primitive(name) for name in ("pjit", "square")),
+} - {None}
+_NOT_POINTWISE = {lax.iota_p, lax.argmax_p, lax.argmin_p}
+
+
+def _is_pointwise(jaxpr: Any, shape: tuple[int, ...]) -> bool:
+    """True if every value in ``jaxpr`` (and its calls) has shape ``shape`` or ``()``,
+    and every primitive acts element by element: each result element then depends
+    only on the operand elements at the same index."""
+    for var in [*jaxpr.invars, *jaxpr.outvars]:
+        if getattr(var, "aval", None) is not None:
+            if tuple(var.aval.shape) not in (shape, ()):
+                return False
+    for eqn in jaxpr.eqns:
+        prim = eqn.primitive
+        rule = RULES.get(prim)
+        ok = prim in _POINTWISE_EXTRA or (
+            rule is not None and rule.kind in _POINTWISE_KINDS
+        )
+        if not ok or prim in _NOT_POINTWISE:
+            return False
+        for var in [*eqn.invars, *eqn.outvars]:
+            if tuple(getattr(var.aval, "shape", ())) not in (shape, ()):
+                return False
+        for value in eqn.params.values():
+            sub = getattr(value, "jaxpr", value)
+            if hasattr(sub, "eqns") and not _is_pointwise(sub, shape):
+                return False
+    return True
+
+
+def _pointwise_custom_jvp(eqn: Any, ins: list) -> bool:
+    """True if ``eqn`` (a custom_jvp_call with one Jet operand) is elementwise in that
+    operand: its primal program and the JVP program of its custom rule both are."""
+    (k,) = _dep(ins)
+    shape = tuple(ins[k].val.shape)
+    if any(tuple(v.aval.shape) != shape for v in eqn.outvars) or len(eqn.outvars) != 1:
+        return False
+    if not _is_float(ins[k].val) or _is_complex(ins[k].val):
+        return False
+    call = eqn.params.get("call_jaxpr")
+    if call is None or not _is_pointwise(getattr(call, "jaxpr", call), shape):
+        return False
+    vals = [_val(x) for x in ins]
+
+    def tangent_map(x: jax.Array, t: jax.Array) -> Any:
+        def at(v: jax.Array) -> Any:
+            return bind(eqn, [*vals[:k], v, *vals[k + 1 :]])[0]
+
+        return jax.jvp(at, (x,), (t,))
+
+    jvp = jax.make_jaxpr(tangent_map)(vals[k], vals[k]).jaxpr
+    return _is_pointwise(jvp, shape)
+
+
+def _custom_jvp_rule(eqn: Any, ins: list) -> list:
+    """A ``custom_jvp_call``: JAX's ``slogdet``/``det`` by their trace identities, an
+    elementwise function by the elementwise rule (both with the custom rule's
+    derivatives), anything else by the generic rule through the custom rule."""
+    dep = _dep(ins)
+    kind = _linalg_sources().get(_custom_jvp_sources(eqn))
+    if (
+        kind is not None
+        and dep == [0]
+        and len(ins) == 1
+        and not _is_complex(ins[0].val)
+    ):
+        return _slogdet_rule(ins) if kind == "slogdet" else _det_rule(ins)
+    if len(dep) == 1 and _pointwise_custom_jvp(eqn, ins):
+        k = dep[0]
+        vals = [_val(x) for x in ins]
+        return _unary_rule(
+            lambda v: bind(eqn, [*vals[:k], v[0], *vals[k + 1 :]]), ins[k]
+        )
+    return _GENERIC(eqn, ins)
 
 
 def _open(sub: Any) -> tuple[Any, list]:
@@ -647,6 +954,15 @@ RULES: dict[Primitive, Rule] = {
     lax.dot_general_p: bilinear(),
     lax.conv_general_dilated_p: bilinear(),
     lax.div_p: custom(_div, "linear in the numerator; a * (1/b) otherwise"),
+    lax.max_p: custom(_chooser, "the chosen operand's jet; ties weigh 1/2 each"),
+    lax.min_p: custom(_chooser, "the chosen operand's jet; ties weigh 1/2 each"),
+    lax.reduce_max_p: custom(_reduce_chooser, "weighted sum of the chosen elements"),
+    lax.reduce_min_p: custom(_reduce_chooser, "weighted sum of the chosen elements"),
+    P.custom_jvp_call_p: custom(
+        _custom_jvp_rule,
+        "slogdet/det: trace identities, one LU; elementwise: elementwise rule; "
+        "else generic through the custom rule",
+    ),
     **dict.fromkeys(_ELEMENTWISE, elementwise()),
     lax.abs_p: elementwise(holomorphic=False),
     lax.sign_p: elementwise(holomorphic=False),
@@ -666,16 +982,11 @@ RULES: dict[Primitive, Rule] = {
 #: used (``custom_jvp_call``). They use it without a warning.
 FALLBACK: frozenset[Primitive] = frozenset(
     [
-        P.custom_jvp_call_p,
-        lax.max_p,
-        lax.min_p,
         lax.pow_p,
         lax.atan2_p,
         lax.rem_p,
         lax.clamp_p,
         lax.nextafter_p,
-        lax.reduce_max_p,
-        lax.reduce_min_p,
         lax.reduce_prod_p,
         lax.cumprod_p,
         lax.cummax_p,
@@ -718,6 +1029,7 @@ FALLBACK: frozenset[Primitive] = frozenset(
 )
 
 _WARNED: set[Primitive] = set()
+_WARNED_SHARE: set[tuple[str, ...]] = set()
 
 
 def rule_for(primitive: Primitive, d: int | None = None) -> Rule:
@@ -829,18 +1141,43 @@ def _jet_mask(values: Sequence[Any]) -> list[bool]:
     return [isinstance(v, Jet) for v in values]
 
 
+#: masks found in the current :func:`forward_jet` call, by (body, input mask): a body's
+#: output mask depends on nothing else (``d`` is fixed within one call)
+_MASK_CACHES: list[dict[tuple[int, tuple[bool, ...]], list[bool]]] = []
+#: > 0 while a body is traced only for its output mask: control flow inside it then
+#: returns placeholders of the right structure instead of tracing its own body again,
+#: so nested loops cost one body trace per level and mask, not a power of the depth
+_ABSTRACT = [0]
+
+
 def _out_mask(jaxpr: Any, consts: Sequence[Any], ins: Sequence[Any]) -> list[bool]:
     """Which outputs of ``jaxpr`` are Jets given ``ins`` (traced abstractly, run never)."""
     mask: list[bool] = []
     mask_in = _jet_mask(ins)
+    key = (id(jaxpr), tuple(mask_in))
+    cache = _MASK_CACHES[-1] if _MASK_CACHES else {}
+    if key in cache:
+        return list(cache[key])
 
     def run(*flat: jax.Array) -> list:
         outs = _interpret(jaxpr, consts, _unflatten(flat, mask_in))
         mask[:] = _jet_mask(outs)
         return [_val(o) for o in outs]
 
-    jax.eval_shape(run, *_flatten(ins, mask_in))
+    _ABSTRACT[0] += 1
+    try:
+        jax.eval_shape(run, *_flatten(ins, mask_in))
+    finally:
+        _ABSTRACT[0] -= 1
+    cache[key] = list(mask)
     return mask
+
+
+def _placeholder(eqn: Any, mask: Sequence[bool], d: int) -> list[Any]:
+    """Zeros with the structure ``eqn``'s results have (Jets where ``mask``): what a
+    control-flow rule returns while its caller is traced only for a mask."""
+    outs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+    return _conform(outs, mask, d)
 
 
 def _loop_mask(
@@ -895,6 +1232,8 @@ def _scan_rule(eqn: Any, ins: list) -> list:
     y_mask = _out_mask(
         body, body_consts, [*consts, *_conform(init, mask, d), *x_slices]
     )[n_carry:]
+    if _ABSTRACT[0]:
+        return _placeholder(eqn, [*mask, *y_mask], d)
 
     def step(carry_flat: list, x_flat: list) -> tuple[list, list]:
         carry = _unflatten(carry_flat, mask)
@@ -939,6 +1278,8 @@ def _while_rule(eqn: Any, ins: list) -> list:
     body_consts, init = ins[nc : nc + nb], ins[nc + nb :]
     d = _jet_dim(ins)
     mask = _loop_mask(body, body_consts_closed, body_consts, init, [], d)
+    if _ABSTRACT[0]:
+        return _placeholder(eqn, mask, d)
 
     def cond_fun(carry_flat: list) -> jax.Array:
         carry = [_val(c) for c in _unflatten(carry_flat, mask)]
@@ -962,6 +1303,8 @@ def _cond_rule(eqn: Any, ins: list) -> list:
     op_mask = _jet_mask(ops)
     masks = [_out_mask(j, c, ops) for j, c in branches]
     mask = [any(col) for col in zip(*masks)]
+    if _ABSTRACT[0]:
+        return _placeholder(eqn, mask, d)
 
     def branch_fn(jaxpr: Any, consts: list) -> Callable[..., list]:
         def run(*flat: jax.Array) -> list:
@@ -1091,6 +1434,10 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
             rule = rule_for(eqn.primitive, _jet_dim(ins))
             outs = rule(eqn, ins)
             _check_outputs(eqn, rule, outs, _jet_dim(ins))
+            if _LEDGERS and rule.kind not in ("call", "control"):
+                cost = (_jet_dim(ins) + 1) * sum(_size(o) for o in outs)
+                for ledger in _LEDGERS:
+                    ledger.total += cost
         else:  # nothing depends on r, or only integer/boolean results
             outs = bind(eqn, [_val(x) for x in ins])
         for var, value in zip(eqn.outvars, outs):
@@ -1137,6 +1484,11 @@ def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
     Jacobian's input axis first, ``(d, *out)`` (the layout the interpreter carries, and
     the one :func:`beyondgrad.slater.orbital_derivatives` contracts without a transpose).
     """
+    if callable(r) and not callable(fn):
+        raise TypeError(
+            "forward_laplacian takes (fn, r): got an array first and a function "
+            "second; call forward_laplacian(fn, r)"
+        )
     r = jnp.asarray(r)
     if r.ndim != 1 or not jnp.issubdtype(r.dtype, jnp.floating):
         raise ValueError(
@@ -1149,6 +1501,9 @@ def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
             f"{jax.tree.structure(out_shape)}; return one array (e.g. a sum, or "
             "jnp.concatenate of the leaves) or take the Laplacian of each leaf"
         )
+    ledger = _Ledger()
+    _LEDGERS.append(ledger)
+    _MASK_CACHES.append({})
     try:
         (out,) = _interpret(closed.jaxpr, list(closed.consts), [Jet(r, basis(r), None)])
     except _NeedsHessian as seen:
@@ -1164,6 +1519,109 @@ def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
                 stacklevel=2,
             )
         return _hessian_jet(fn, r)
+    finally:
+        _LEDGERS.remove(ledger)
+        _MASK_CACHES.pop()
+    names = sorted({eqn.primitive.name for eqn, _ in ledger.uses})
+    dominant = ledger.generic > GENERIC_SHARE_WARNING * ledger.total
+    if dominant and tuple(names) not in _WARNED_SHARE:  # once per set of primitives
+        _WARNED_SHARE.add(tuple(names))
+        warnings.warn(
+            f"forward_laplacian: the generic rule makes about "
+            f"{ledger.generic / ledger.total:.0%} of this program's derivative work "
+            f"(primitives {', '.join(names)}; forward over forward mode on each, "
+            f"2*d + 1 = {2 * r.shape[0] + 1} JVPs of it). "
+            "beyondgrad.forward_laplacian.generic_report(fn, r) measures it; "
+            "register_rule adds a structured rule.",
+            GenericRuleWarning,
+            stacklevel=2,
+        )
     if not isinstance(out, Jet):  # fn does not depend on r
         out = Jet(out, jnp.zeros((r.shape[0], *jnp.shape(out)), r.dtype), None)
     return Jet(out.val, out.jac, _zeros_if_none(out.lap, out.val))
+
+
+#: :func:`forward_jet` warns when the generic rule's share of the cost proxy of
+#: :class:`_Ledger` is above this
+GENERIC_SHARE_WARNING = 0.5
+
+
+class GenericUse(NamedTuple):
+    """One equation sent to the generic rule: the primitive's name, the shapes of its
+    operands, ``2 d + 1`` (the JVPs of the primitive it costs) and the compiled flops
+    of the generic rule on it alone (XLA's ``cost_analysis``)."""
+
+    primitive: str
+    shapes: tuple[tuple[int, ...], ...]
+    jvps: int
+    flops: float
+
+
+class GenericReport(NamedTuple):
+    """What :func:`generic_report` measured: each use of the generic rule, their
+    flops summed, the compiled flops of the whole forward Laplacian, and the share."""
+
+    uses: tuple[GenericUse, ...]
+    generic_flops: float
+    total_flops: float
+
+    @property
+    def share(self) -> float:
+        return self.generic_flops / self.total_flops if self.total_flops else 0.0
+
+
+def _flops(compiled: Any) -> float:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float((cost or {}).get("flops", 0.0))
+
+
+def generic_report(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> GenericReport:
+    """Which equations of ``fn``'s program the forward Laplacian at ``r`` sends to the
+    generic rule, and at what cost: each one's compiled flops on its own (the generic
+    rule, forward over forward mode along the ``d`` Jacobian rows, lowered alone at
+    its operands' shapes) beside the compiled flops of the whole forward Laplacian.
+    Fallbacks (:data:`FALLBACK`) are reported like any other. An equation inside a
+    loop body is counted once (flops per iteration); nothing is run, only compiled.
+
+    Args:
+        fn: as for :func:`forward_laplacian`.
+        r: a 1-D floating-point array (its shape and dtype are what matter).
+
+    Returns:
+        A :class:`GenericReport`.
+    """
+    r = jnp.asarray(r)
+    ledger = _Ledger()
+    _LEDGERS.append(ledger)
+    try:
+        program = jax.jit(lambda v: forward_jet(fn, v)).lower(r).compile()
+    finally:
+        _LEDGERS.remove(ledger)
+    seen: set[int] = set()
+    uses = []
+    for eqn, ins in ledger.uses:
+        if id(eqn) in seen:
+            continue
+        seen.add(id(eqn))
+        specs = [
+            jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), x)
+            if isinstance(x, Jet)
+            else jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+            for x in ins
+        ]
+        alone = jax.jit(
+            lambda *args, eqn=eqn: _generic_rule(
+                functools.partial(bind, eqn), list(args)
+            )
+        )
+        flops = _flops(alone.lower(*specs).compile())
+        uses.append(
+            GenericUse(
+                eqn.primitive.name,
+                tuple(tuple(jnp.shape(_val(x))) for x in ins),
+                2 * _jet_dim(ins) + 1,
+                flops,
+            )
+        )
+    return GenericReport(tuple(uses), sum(u.flops for u in uses), _flops(program))

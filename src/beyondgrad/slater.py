@@ -145,8 +145,11 @@ def _all_electrons_hint() -> str:
     failures = _folx_failures()
     if not failures:
         folx_note = (
-            "; method='folx' (folx) also works on this JAX (tried on a loop, a "
-            "while_loop and a custom_vjp) and exploits sparsity"
+            "; folx (method='folx', or folx.forward_laplacian(fn, "
+            "sparsity_threshold=...) as its README shows) also works on this JAX "
+            "(tried on a loop, a while_loop and a custom_vjp) and skips the zero "
+            "blocks of the Jacobian by its sparsity, which can make it the faster "
+            "choice on networks without loops"
         )
     elif failures == ("not installed",):
         folx_note = "; not method='folx': folx is not installed"
@@ -157,14 +160,15 @@ def _all_electrons_hint() -> str:
     return (
         "slater_laplacian, slater_matrix and orbital_derivatives need single-particle "
         "orbitals, orbitals(r) of one electron's position r of shape (3,). For "
-        "orbitals that read all electrons (as in FermiNet) the row structure does not "
-        "hold: take the Laplacian of the whole log|psi| instead, with "
-        "laplacian.grad_and_laplacian(lambda v: log_psi(v.reshape(n, 3)), "
-        "x.reshape(-1), method='loop') (or method='vmap': faster, more memory) or "
-        "forward_laplacian.forward_laplacian(lambda v: log_psi(v.reshape(n, 3)), "
-        "x.reshape(-1)); both handle loops and custom_jvp, the first also custom_vjp "
-        "(through its backward rule), the second also while_loop (which reverse mode "
-        f"cannot differentiate){folx_note}"
+        "orbitals that read all electrons (as in FermiNet or PsiFormer) the row "
+        "structure does not hold: take the Laplacian of the whole log|psi| instead, "
+        "with the forward Laplacian, laplacian.grad_and_laplacian(lambda v: "
+        "log_psi(v.reshape(n, 3)), x.reshape(-1), method='forward') (the same as "
+        "forward_laplacian.forward_laplacian(fn, x)): one pass, with structured "
+        "rules for slogdet, loops, while_loop and custom_jvp (a custom_vjp makes it "
+        "fall back to the Hessian); or method='loop' (Hessian-vector products, "
+        "through a custom_vjp's backward rule; method='vmap' is the same sum with "
+        f"more memory){folx_note}"
     )
 
 
