@@ -44,6 +44,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from beyondgrad import _checks
 from beyondgrad.laplacian import check_key
 from beyondgrad.slater import check_positions
 
@@ -59,8 +60,7 @@ Params = Any
 
 def _check_sizes(n_electrons: object, **sizes: object) -> None:
     for name, value in {"n_electrons": n_electrons, **sizes}.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        _checks.integer(value, name, minimum=1)
     if n_electrons < 2:  # type: ignore[operator]
         raise ValueError(
             f"n_electrons must be at least 2 (one of each spin), got {n_electrons}"

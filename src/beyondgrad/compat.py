@@ -53,6 +53,8 @@ from beyondgrad import _checks
 
 __all__ = [
     "DIRECT_LINEARIZE_OPTION",
+    "custom_jvp_sources",
+    "function_source",
     "AxisNames",
     "Primitive",
     "primitives",
@@ -694,3 +696,19 @@ def krylov_without_device_put() -> Iterator[None]:
         yield
     finally:
         module.api = original
+
+
+def function_source(fun: Any) -> str | None:
+    """The ``"name at file:line"`` JAX records for a traced function or closed jaxpr
+    (its ``debug_info.func_src_info``), or None where it records none."""
+    debug = getattr(getattr(fun, "jaxpr", fun), "debug_info", None)
+    return getattr(debug, "func_src_info", None)
+
+
+def custom_jvp_sources(eqn: Any) -> tuple[str | None, str | None]:
+    """The sources (:func:`function_source`) of a ``custom_jvp_call`` equation's primal
+    and JVP functions. The JVP's parameter is ``jvp_jaxpr_fun`` on recent JAX and
+    ``jvp_jaxpr_thunk`` on older releases."""
+    params = eqn.params
+    jvp = params.get("jvp_jaxpr_fun", params.get("jvp_jaxpr_thunk"))
+    return function_source(params.get("call_jaxpr")), function_source(jvp)

@@ -649,19 +649,6 @@ def _reduce_chooser(eqn: Any, ins: list) -> list:
 #   the custom rule (forward over forward mode on ones, as ``jax.hessian`` would).
 
 
-def _function_source(fun: Any) -> str | None:
-    """The ``"name at file:line"`` JAX records for a traced function (or None)."""
-    debug = getattr(getattr(fun, "jaxpr", fun), "debug_info", None)
-    return getattr(debug, "func_src_info", None)
-
-
-def _custom_jvp_sources(eqn: Any) -> tuple[str | None, str | None]:
-    """The primal and JVP functions of a ``custom_jvp_call`` equation, as sources."""
-    params = eqn.params
-    jvp = params.get("jvp_jaxpr_fun", params.get("jvp_jaxpr_thunk"))
-    return _function_source(params.get("call_jaxpr")), _function_source(jvp)
-
-
 def _find_custom_jvp(jaxpr: Any) -> Any:
     for eqn in jaxpr.eqns:
         if eqn.primitive is P.custom_jvp_call_p:
@@ -682,8 +669,8 @@ def _linalg_sources() -> dict[tuple[str | None, str | None], str]:
     known = {}
     for fn, n, kind in ((jnp.linalg.slogdet, 4, "slogdet"), (jnp.linalg.det, 4, "det")):
         eqn = _find_custom_jvp(jax.make_jaxpr(fn)(jnp.eye(n)).jaxpr)
-        if eqn is not None and None not in _custom_jvp_sources(eqn):
-            known[_custom_jvp_sources(eqn)] = kind
+        if eqn is not None and None not in compat.custom_jvp_sources(eqn):
+            known[compat.custom_jvp_sources(eqn)] = kind
     return known
 
 
@@ -817,7 +804,7 @@ def _custom_jvp_rule(eqn: Any, ins: list) -> list:
     elementwise function by the elementwise rule (both with the custom rule's
     derivatives), anything else by the generic rule through the custom rule."""
     dep = _dep(ins)
-    kind = _linalg_sources().get(_custom_jvp_sources(eqn))
+    kind = _linalg_sources().get(compat.custom_jvp_sources(eqn))
     if (
         kind is not None
         and dep == [0]
