@@ -524,7 +524,7 @@ def cmd_page(
     # links from these pages to chapters outside the selection still warn.
     rest = [
         p
-        for p in dict.fromkeys([*stems[1:], "glossary", "status", "api"])
+        for p in dict.fromkeys([*stems[1:], "glossary", "status", "api", "internals"])
         if p != stems[0]
     ]
     entries = "\n".join(f"      - file: {s}" for s in rest)

@@ -18,7 +18,7 @@ import argparse
 import jax
 import numpy as np
 
-from beyondgrad.figures import ch3 as figs
+from beyondgrad import implicit_problems as problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         f"tangent solver {ns.tangent_solver!r}; "
         "times are wall-clock minima over repeats (beyondgrad.measure) in ms"
     )
-    rows = figs.benchmark_implicit_vs_unrolled(
+    rows = problems.benchmark_implicit_vs_unrolled(
         counts, ns.d, repeats, min_time, ns.tangent_solver
     )
     head = (
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "\nsame custom_root, three solvers, tol=1e-5 (float32), slowly contracting layer (||W||=0.999)"
     )
-    comp = figs.compare_solvers(ns.d, 1e-5, repeats, min_time)
+    comp = problems.compare_solvers(ns.d, 1e-5, repeats, min_time)
     for s in comp:
         print(
             f"  {s.name:>22}: {s.iterations:>5} iterations, residual {s.residual:.1e}, "

@@ -13,8 +13,8 @@ import pytest
 from jax import lax
 
 from beyondgrad import implicit
+from beyondgrad import implicit_problems as problems
 from beyondgrad.exercises import NOT_ATTEMPTED, ExerciseFailed, ch3
-from beyondgrad.figures import ch3 as figs
 
 
 def _stub(*args):
@@ -282,7 +282,7 @@ def _grad_at(tol):
     def fn(b):
         def loss(b):
             z, _ = implicit.fixed_point(
-                figs.deq_layer, jnp.zeros_like(b), {**p, "b": b}, tol=tol
+                problems.deq_layer, jnp.zeros_like(b), {**p, "b": b}, tol=tol
             )
             return jnp.sum(z)
 
@@ -293,7 +293,7 @@ def _grad_at(tol):
 
 def _grad_closed_form(b):  # any method is accepted: the closed form itself, via Newton
     p = {**ch3.exercise3_params(), "b": b}
-    F = lambda z, p: figs.deq_layer(z, p) - z
+    F = lambda z, p: problems.deq_layer(z, p) - z
     z, _ = implicit.root_find(F, jnp.zeros_like(b), p, tol=1e-13)
     d = 1.0 - z**2
     return d * jnp.linalg.solve((jnp.eye(8) - d[:, None] * p["W"]).T, jnp.ones(8))
@@ -355,7 +355,7 @@ def _series_grad(tol, terms=20):
     def fn(b):
         def loss(b):
             z, _ = implicit.fixed_point(
-                figs.deq_layer,
+                problems.deq_layer,
                 jnp.zeros_like(b),
                 {**p, "b": b},
                 tol=tol,

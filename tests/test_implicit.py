@@ -1,4 +1,4 @@
-"""Tests for beyondgrad.implicit, figures.ch3 and the Chapter 3 part of compat.
+"""Tests for beyondgrad.implicit, implicit_problems, figures.ch3 and the Chapter 3 part of compat.
 
 References are independent of ``custom_root``: closed forms, central finite differences
 and float64. Every numerical test runs inside ``jax.enable_x64(True)`` (a context, so
@@ -20,6 +20,7 @@ from jax import lax
 
 from beyondgrad import compat
 from beyondgrad import implicit as im
+from beyondgrad import implicit_problems as problems
 from beyondgrad.figures import ch3 as figs
 
 
@@ -39,7 +40,7 @@ def x64():
 
 @pytest.fixture
 def deq(x64):
-    return figs.deq_params(
+    return problems.deq_params(
         jax.random.key(0), d=8, d_in=3, radius=0.9, dtype=jnp.float64
     )
 
@@ -54,16 +55,16 @@ def central_diff(fn, x, dx, eps=1e-6):
 def test_fixed_point_value_and_reverse_grad_match_closed_form(deq):
     z0 = jnp.zeros(8)
     c = jnp.linspace(-1.0, 2.0, 8)
-    z, info = im.fixed_point(figs.deq_layer, z0, deq, tol=1e-13)
+    z, info = im.fixed_point(problems.deq_layer, z0, deq, tol=1e-13)
     assert bool(info.converged) and int(info.iterations) > 1
-    np.testing.assert_allclose(z, figs.deq_layer(z, deq), atol=1e-12)
+    np.testing.assert_allclose(z, problems.deq_layer(z, deq), atol=1e-12)
     # gradient w.r.t. the whole params pytree (W, U, b, x) at once
-    grads = jax.grad(lambda p: c @ im.fixed_point(figs.deq_layer, z0, p, tol=1e-13)[0])(
-        deq
-    )
+    grads = jax.grad(
+        lambda p: c @ im.fixed_point(problems.deq_layer, z0, p, tol=1e-13)[0]
+    )(deq)
     assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(deq)
     np.testing.assert_allclose(
-        grads["W"], figs.deq_reference_grad_W(deq, z, c), rtol=1e-9, atol=1e-12
+        grads["W"], problems.deq_reference_grad_W(deq, z, c), rtol=1e-9, atol=1e-12
     )
     # b enters like W's bias: ∂/∂b = D u with u = (I - D W)^{-T} c
     d = 1 - z**2
@@ -76,7 +77,7 @@ def test_fixed_point_forward_mode_matches_finite_differences(deq):
     direction = jax.random.normal(jax.random.key(5), (8, 8), jnp.float64)
 
     def solve(w):
-        return im.fixed_point(figs.deq_layer, z0, {**deq, "W": w}, tol=1e-14)[0]
+        return im.fixed_point(problems.deq_layer, z0, {**deq, "W": w}, tol=1e-14)[0]
 
     _, tangent = jax.jvp(solve, (deq["W"],), (direction,))
     np.testing.assert_allclose(
@@ -147,17 +148,17 @@ def test_newton_sqrt_grad_jit_vmap(x64):
 def test_anderson_matches_fixed_point_and_closed_form(deq):
     z0 = jnp.zeros(8)
     c = jnp.linspace(-1.0, 2.0, 8)
-    z, info = _anderson(figs.deq_layer, z0, deq, tol=1e-12, memory=4)
-    z_ref, info_ref = im.fixed_point(figs.deq_layer, z0, deq, tol=1e-12)
+    z, info = _anderson(problems.deq_layer, z0, deq, tol=1e-12, memory=4)
+    z_ref, info_ref = im.fixed_point(problems.deq_layer, z0, deq, tol=1e-12)
     assert bool(info.converged) and int(info.iterations) < int(info_ref.iterations)
     np.testing.assert_allclose(z, z_ref, atol=1e-11)
 
     def loss(w):
-        return c @ _anderson(figs.deq_layer, z0, {**deq, "W": w}, tol=1e-12)[0]
+        return c @ _anderson(problems.deq_layer, z0, {**deq, "W": w}, tol=1e-12)[0]
 
     g = jax.jit(jax.grad(loss))(deq["W"])
     np.testing.assert_allclose(
-        g, figs.deq_reference_grad_W(deq, z, c), rtol=1e-8, atol=1e-11
+        g, problems.deq_reference_grad_W(deq, z, c), rtol=1e-8, atol=1e-11
     )
 
 
@@ -168,7 +169,7 @@ def test_vmap_over_params_matches_loop(deq):
     def grad_b(b):
         def loss(b):
             return jnp.sum(
-                im.fixed_point(figs.deq_layer, z0, {**deq, "b": b}, tol=1e-13)[0]
+                im.fixed_point(problems.deq_layer, z0, {**deq, "b": b}, tol=1e-13)[0]
             )
 
         return jax.grad(loss)(b)
@@ -181,18 +182,20 @@ def test_vmap_over_params_matches_loop(deq):
 def test_ridge_hyperparameter_gradient_matches_closed_form(x64):
     X = jax.random.normal(jax.random.key(1), (30, 6), jnp.float64)
     y = jax.random.normal(jax.random.key(2), (30,), jnp.float64)
-    # closed form, written out here independently of figs.ridge_closed_form
+    # closed form, written out here independently of problems.ridge_closed_form
     lams = jnp.array([0.01, 1.0, 30.0])
     a = X.T @ X + lams[:, None, None] * jnp.eye(6)
     w_ref = jnp.linalg.solve(a, jnp.broadcast_to(X.T @ y, (3, 6))[..., None])[..., 0]
     dw_ref = -jnp.linalg.solve(a, w_ref[..., None])[..., 0]
-    w_cf, dw_cf = jax.vmap(figs.ridge_closed_form, in_axes=(0, None, None))(lams, X, y)
+    w_cf, dw_cf = jax.vmap(problems.ridge_closed_form, in_axes=(0, None, None))(
+        lams, X, y
+    )
     np.testing.assert_allclose(w_cf, w_ref, rtol=1e-12)
     np.testing.assert_allclose(dw_cf, dw_ref, rtol=1e-12)
     for solver in ("dense", "cg", "gmres"):
 
         def w_star(lam, solver=solver):
-            f = lambda v, lam: figs.ridge_normal_equations(v, lam, X, y)
+            f = lambda v, lam: problems.ridge_normal_equations(v, lam, X, y)
             return im.root_find(f, jnp.zeros(6), lam, tol=1e-12, tangent_solver=solver)[
                 0
             ]
@@ -226,14 +229,14 @@ def test_every_tangent_solver_matches_the_closed_form(deq):
             return (
                 c
                 @ im.fixed_point(
-                    figs.deq_layer, z0, p, tol=1e-13, tangent_solver=solver
+                    problems.deq_layer, z0, p, tol=1e-13, tangent_solver=solver
                 )[0]
             )
 
         return jax.grad(loss)(deq["W"])
 
-    z, _ = im.fixed_point(figs.deq_layer, z0, deq, tol=1e-13)
-    ref = figs.deq_reference_grad_W(deq, z, c)
+    z, _ = im.fixed_point(problems.deq_layer, z0, deq, tol=1e-13)
+    ref = problems.deq_reference_grad_W(deq, z, c)
     for solver in ("dense", "gmres", neumann):
         np.testing.assert_allclose(grad_w(solver), ref, rtol=1e-8, atol=1e-11)
 
@@ -244,13 +247,13 @@ def test_jacobian_free_backward_is_wrong_by_the_neglected_terms(deq):
     c = jnp.linspace(-1.0, 2.0, 8)
     errors = []
     for rho in (0.1, 0.9):
-        p = figs.deq_params(
+        p = problems.deq_params(
             jax.random.key(0), d=8, d_in=3, radius=rho, dtype=jnp.float64
         )
 
         def loss(w, solver, p=p):
             z, _ = im.fixed_point(
-                figs.deq_layer, z0, {**p, "W": w}, tol=1e-13, tangent_solver=solver
+                problems.deq_layer, z0, {**p, "W": w}, tol=1e-13, tangent_solver=solver
             )
             return c @ z
 
@@ -264,7 +267,9 @@ def test_unrolled_matches_implicit_at_convergence(deq):
     z0 = jnp.zeros(8)
 
     def loss(solver, w):
-        z, info = solver(figs.deq_layer, z0, {**deq, "W": w}, tol=1e-13, max_iter=400)
+        z, info = solver(
+            problems.deq_layer, z0, {**deq, "W": w}, tol=1e-13, max_iter=400
+        )
         return jnp.sum(z), info
 
     gi, info_i = jax.grad(lambda w: loss(im.fixed_point, w), has_aux=True)(deq["W"])
@@ -273,21 +278,21 @@ def test_unrolled_matches_implicit_at_convergence(deq):
     assert bool(info_u.converged)
     np.testing.assert_allclose(gu, gi, rtol=1e-8, atol=1e-11)
     # tol=0: exactly max_iter steps, no check
-    _, info0 = _unrolled(figs.deq_layer, z0, deq, tol=0.0, max_iter=37)
+    _, info0 = _unrolled(problems.deq_layer, z0, deq, tol=0.0, max_iter=37)
     assert int(info0.iterations) == 37 and not bool(info0.converged)
 
 
 def test_unrolled_rejects_a_tangent_solver(deq):
     for solver in ("dense", "gmres", lambda g, y: y):
         with pytest.raises(TypeError, match="would be ignored: drop it"):
-            _unrolled(figs.deq_layer, jnp.zeros(8), deq, tangent_solver=solver)
+            _unrolled(problems.deq_layer, jnp.zeros(8), deq, tangent_solver=solver)
 
 
 def test_diagnostics_are_not_differentiated(deq):
     z0 = jnp.zeros(8)
 
     def run(b):
-        return im.fixed_point(figs.deq_layer, z0, {**deq, "b": b}, tol=1e-10)
+        return im.fixed_point(problems.deq_layer, z0, {**deq, "b": b}, tol=1e-10)
 
     (z, info), (dz, dinfo) = jax.jvp(run, (deq["b"],), (jnp.ones(8),))
     assert info.iterations.dtype == jnp.int32 and info.converged.dtype == jnp.bool_
@@ -397,7 +402,7 @@ def _key():
 
 
 def _deq_small():
-    return figs.deq_params(_key(), d=4, d_in=2)
+    return problems.deq_params(_key(), d=4, d_in=2)
 
 
 BAD_HELPER_CALLS = [
@@ -490,68 +495,68 @@ BAD_HELPER_CALLS = [
     ),
     (
         "deq-float-d",
-        lambda: figs.deq_params(_key(), d=2.5),
+        lambda: problems.deq_params(_key(), d=2.5),
         TypeError,
         "d must be a Python int",
     ),
     (
         "deq-zero-d-in",
-        lambda: figs.deq_params(_key(), d_in=0),
+        lambda: problems.deq_params(_key(), d_in=0),
         ValueError,
         "d_in must be a positive int",
     ),
     (
         "deq-radius",
-        lambda: figs.deq_params(_key(), radius=1.0),
+        lambda: problems.deq_params(_key(), radius=1.0),
         ValueError,
         "radius must be",
     ),
     (
         "deq-int-dtype",
-        lambda: figs.deq_params(_key(), dtype=jnp.int32),
+        lambda: problems.deq_params(_key(), dtype=jnp.int32),
         TypeError,
         "floating dtype",
     ),
-    ("deq-int-key", lambda: figs.deq_params(0), TypeError, "PRNG key"),
+    ("deq-int-key", lambda: problems.deq_params(0), TypeError, "PRNG key"),
     (
         "deq-input-scale",
-        lambda: figs.deq_params(_key(), input_scale="big"),
+        lambda: problems.deq_params(_key(), input_scale="big"),
         TypeError,
         "input_scale",
     ),
     (
         "deq-layer-params",
-        lambda: figs.deq_layer(jnp.zeros(4), {"W": jnp.eye(4)}),
+        lambda: problems.deq_layer(jnp.zeros(4), {"W": jnp.eye(4)}),
         TypeError,
         "keys W, U, b, x",
     ),
     (
         "deq-layer-z-shape",
-        lambda: figs.deq_layer(jnp.zeros(3), _deq_small()),
+        lambda: problems.deq_layer(jnp.zeros(3), _deq_small()),
         ValueError,
         r"shape \(4,\)",
     ),
     (
         "deq-reference-cotangent",
-        lambda: figs.deq_reference_grad_W(_deq_small(), jnp.zeros(4), jnp.zeros(5)),
+        lambda: problems.deq_reference_grad_W(_deq_small(), jnp.zeros(4), jnp.zeros(5)),
         ValueError,
         "cotangent must have shape",
     ),
     (
         "ridge-X-vector",
-        lambda: figs.ridge_closed_form(1.0, jnp.ones(3), jnp.ones(3)),
+        lambda: problems.ridge_closed_form(1.0, jnp.ones(3), jnp.ones(3)),
         ValueError,
         "X must be a",
     ),
     (
         "ridge-y-shape",
-        lambda: figs.ridge_closed_form(1.0, jnp.ones((3, 2)), jnp.ones(2)),
+        lambda: problems.ridge_closed_form(1.0, jnp.ones((3, 2)), jnp.ones(2)),
         ValueError,
         r"y must have shape \(3,\)",
     ),
     (
         "ridge-w-shape",
-        lambda: figs.ridge_normal_equations(
+        lambda: problems.ridge_normal_equations(
             jnp.ones(3), 1.0, jnp.ones((3, 2)), jnp.ones(3)
         ),
         ValueError,
@@ -572,32 +577,37 @@ BAD_HELPER_CALLS = [
     ),
     (
         "bench-counts",
-        lambda: figs.benchmark_implicit_vs_unrolled(()),
+        lambda: problems.benchmark_implicit_vs_unrolled(()),
         ValueError,
         "iteration_counts",
     ),
     (
         "bench-float-count",
-        lambda: figs.benchmark_implicit_vs_unrolled((10.0,)),
+        lambda: problems.benchmark_implicit_vs_unrolled((10.0,)),
         TypeError,
         "iteration_counts",
     ),
     (
         "bench-d",
-        lambda: figs.benchmark_implicit_vs_unrolled((10,), d=1),
+        lambda: problems.benchmark_implicit_vs_unrolled((10,), d=1),
         ValueError,
         "d must be",
     ),
     (
         "bench-repeats",
-        lambda: figs.benchmark_implicit_vs_unrolled((10,), repeats=0),
+        lambda: problems.benchmark_implicit_vs_unrolled((10,), repeats=0),
         ValueError,
         "repeats must be",
     ),
-    ("compare-tol", lambda: figs.compare_solvers(tol=0.0), ValueError, "tol must be"),
+    (
+        "compare-tol",
+        lambda: problems.compare_solvers(tol=0.0),
+        ValueError,
+        "tol must be",
+    ),
     (
         "compare-min-time",
-        lambda: figs.compare_solvers(min_time=-1.0),
+        lambda: problems.compare_solvers(min_time=-1.0),
         ValueError,
         "min_time must be",
     ),
@@ -624,7 +634,7 @@ def test_bad_helper_input(case):
 
 
 def test_deq_params_contractive():
-    p = figs.deq_params(jax.random.key(1), d=16, radius=0.8)
+    p = problems.deq_params(jax.random.key(1), d=16, radius=0.8)
     s = np.linalg.svd(np.asarray(p["W"], np.float64), compute_uv=False)
     np.testing.assert_allclose(s, 0.8, rtol=1e-5)
 
@@ -730,11 +740,11 @@ def test_custom_root_with_aux_both_branches(monkeypatch, probe):
 
 def test_traced_tolerance_matches_python_float(deq):
     z0 = jnp.zeros(8)
-    solve = jax.jit(lambda tol: im.fixed_point(figs.deq_layer, z0, deq, tol=tol)[1])
+    solve = jax.jit(lambda tol: im.fixed_point(problems.deq_layer, z0, deq, tol=tol)[1])
     for tol in (1e-3, 1e-9):
         traced, static = (
             solve(jnp.float64(tol)),
-            im.fixed_point(figs.deq_layer, z0, deq, tol=tol)[1],
+            im.fixed_point(problems.deq_layer, z0, deq, tol=tol)[1],
         )
         assert int(traced.iterations) == int(static.iterations)
         assert bool(traced.converged) and float(traced.residual) <= tol
@@ -768,13 +778,15 @@ def test_plot_tolerance_report_headless():
 
 @jax.default_matmul_precision("highest")  # float32 comparison: no TF32 matmuls on GPU
 def test_benchmark_memory_shape_and_solver_comparison():
-    rows = figs.benchmark_implicit_vs_unrolled((10, 200), d=8, repeats=1, min_time=0.0)
+    rows = problems.benchmark_implicit_vs_unrolled(
+        (10, 200), d=8, repeats=1, min_time=0.0
+    )
     assert [r.iterations for r in rows] == [10, 200]
     assert (
         rows[0].mem_implicit == rows[1].mem_implicit
     )  # constant in the iteration count
     assert rows[1].mem_unrolled > 5 * rows[0].mem_unrolled  # grows with it
-    comp = figs.compare_solvers(d=8, tol=1e-5, repeats=1, min_time=0.0)
+    comp = problems.compare_solvers(d=8, tol=1e-5, repeats=1, min_time=0.0)
     plain, anderson, newton = comp
     assert newton.iterations < anderson.iterations < plain.iterations
     for s in comp:
@@ -785,12 +797,12 @@ def test_benchmark_memory_shape_and_solver_comparison():
 def test_deq_params_takes_new_and_legacy_keys_alike():
     """A typed key (jax.random.key) and a raw uint32 key (PRNGKey) of the same seed
     hold the same bits, so they must draw the same parameters; an int is refused."""
-    new = figs.deq_params(jax.random.key(4), d=6, d_in=3)
-    legacy = figs.deq_params(jax.random.PRNGKey(4), d=6, d_in=3)
+    new = problems.deq_params(jax.random.key(4), d=6, d_in=3)
+    legacy = problems.deq_params(jax.random.PRNGKey(4), d=6, d_in=3)
     for name in ("W", "U", "b", "x"):
         np.testing.assert_array_equal(new[name], legacy[name])
     with pytest.raises(TypeError, match=r"jax\.random\.key\(0\)"):
-        figs.deq_params(4)  # type: ignore[arg-type]
+        problems.deq_params(4)  # type: ignore[arg-type]
 
 
 def test_float32_gmres_tangent_solve_is_as_accurate_as_its_tolerance():
@@ -798,12 +810,14 @@ def test_float32_gmres_tangent_solve_is_as_accurate_as_its_tolerance():
     dense reference computed from the same parameters. Measured relative error:
     7.2e-7 (jax 0.12.0.1); with the tolerance loosened to 1e-5 it is 8.3e-6, to 1e-3
     8.3e-4, so a bound of 7e-6 (10x the measurement) catches a looser tolerance."""
-    p = figs.deq_params(jax.random.key(2), d=32, d_in=4, radius=0.95, input_scale=0.1)
+    p = problems.deq_params(
+        jax.random.key(2), d=32, d_in=4, radius=0.95, input_scale=0.1
+    )
     c = np.linspace(-1.0, 1.0, 32)
 
     def loss(b):
         z, _ = im.fixed_point(
-            figs.deq_layer,
+            problems.deq_layer,
             jnp.zeros(32),
             {**p, "b": b},
             tol=1e-7,
@@ -817,7 +831,11 @@ def test_float32_gmres_tangent_solve_is_as_accurate_as_its_tolerance():
     with jax.enable_x64(True):
         p64 = {k: jnp.asarray(np.asarray(v), jnp.float64) for k, v in p.items()}
         z64, info = im.fixed_point(
-            figs.deq_layer, jnp.zeros(32, jnp.float64), p64, tol=1e-13, max_iter=5000
+            problems.deq_layer,
+            jnp.zeros(32, jnp.float64),
+            p64,
+            tol=1e-13,
+            max_iter=5000,
         )
         assert bool(info.converged)
         d = 1.0 - np.asarray(z64) ** 2
@@ -930,7 +948,7 @@ def test_every_solver_and_adjoint_matches_the_closed_form(deq, solver, adjoint):
 
     def loss(w):
         z, info = im.fixed_point(
-            figs.deq_layer,
+            problems.deq_layer,
             z0,
             {**deq, "W": w},
             solver=solver,
@@ -969,7 +987,7 @@ def test_unrolled_stops_at_the_tolerance_for_every_solver(deq):
     for solver in ("iterate", "anderson", "newton"):
         infos = [
             im.fixed_point(
-                figs.deq_layer,
+                problems.deq_layer,
                 jnp.zeros(8),
                 deq,
                 solver=solver,
@@ -1020,13 +1038,13 @@ def test_cg_transposes_without_its_device_put_and_gmres_does_not():
 
 
 def test_unrolled_memory_follows_max_iter_not_the_steps_taken():
-    params = figs.deq_params(jax.random.key(0), d=16, d_in=4)
+    params = problems.deq_params(jax.random.key(0), d=16, d_in=4)
     z0 = jnp.zeros(16)
 
     def temp(adjoint, max_iter):
         def loss(w):
             z, _ = im.fixed_point(
-                figs.deq_layer,
+                problems.deq_layer,
                 z0,
                 {**params, "W": w},
                 adjoint=adjoint,
@@ -1038,7 +1056,7 @@ def test_unrolled_memory_follows_max_iter_not_the_steps_taken():
         compiled = jax.jit(jax.grad(loss)).lower(params["W"]).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
-    _, info = im.fixed_point(figs.deq_layer, z0, params, tol=1e-5)
+    _, info = im.fixed_point(problems.deq_layer, z0, params, tol=1e-5)
     assert int(info.iterations) < 100  # the solve stops early ...
     # ... yet the unrolled gradient stores max_iter steps; the implicit one does not
     assert temp("unrolled", 1000) > 5 * temp("unrolled", 100)

@@ -102,35 +102,48 @@ def test_floor_environment_has_the_lowest_allowed_versions():
         assert Version(version(name)) == Version(want), (name, version(name), want)
 
 
-def test_api_page_lists_every_public_name():
-    """api.md (the book's API reference) has an entry for every name in every module's
-    __all__, and is what tools/api.py generates (run `python3 -m tools.api`)."""
+def test_api_pages_list_every_public_name():
+    """Every name in every module's __all__ has an entry on api.md (the modules a reader
+    imports) or internals.md (the book's apparatus and compat), its module on exactly
+    one of them, and both are what tools/api.py generates (`python3 -m tools.api`)."""
     import importlib
     import re
 
     from tools import api
 
-    page = (ROOT / "api.md").read_text()
+    pages = {p: p.read_text() for p in (api.PAGE, api.INTERNALS)}
     modules = api.public_modules()
     assert {
         "beyondgrad.sharding",
         "beyondgrad.linear",
         "beyondgrad.slater",
         "beyondgrad.vmc",
-    } <= set(modules)
+    } <= {m for m in modules if api.page_of(m) == api.PAGE}
+    assert {
+        "beyondgrad.compat",
+        "beyondgrad.drift",
+        "beyondgrad.exercises.ch1",
+        "beyondgrad.figures.ch3",
+    } <= {m for m in modules if api.page_of(m) == api.INTERNALS}
+    assert api.READER_MODULES <= set(modules)
     missing = []
     for module in modules:
-        section = page.split(f"## `{module}`\n", 1)
-        assert len(section) == 2, f"api.md has no section for {module}"
-        body = section[1].split("\n## `", 1)[0]
+        home = api.page_of(module)
+        for page, text in pages.items():
+            has = f"## `{module}`\n" in text
+            assert has == (page == home), f"{module} on {page.name}: {has}"
+        body = pages[home].split(f"## `{module}`\n", 1)[1].split("\n## `", 1)[0]
         for name in importlib.import_module(module).__all__:
             entry = re.search(
                 rf"^\.\. (auto\w+|py:data):: {re.escape(name)}$", body, re.M
             )
             if entry is None or f"`~{module}.{name}`" not in body:
                 missing.append(f"{module}.{name}")
-    assert not missing, f"not on api.md: {missing}; run python3 -m tools.api"
-    assert api.render() == page, "api.md is out of date: run python3 -m tools.api"
+    assert not missing, f"not on the API pages: {missing}; run python3 -m tools.api"
+    for page, text in pages.items():
+        assert api.render(page) == text, (
+            f"{page.name} is out of date: run python3 -m tools.api"
+        )
 
 
 def test_every_mutant_of_the_mutation_check_still_applies(tmp_path):
@@ -167,10 +180,10 @@ def test_names_used_finds_a_chapters_helpers_and_nothing_else():
     assert api.names_used("import jax\njax.grad(f)\n") == []
 
 
-def test_every_chapter_links_only_names_on_the_api_page():
+def test_every_chapter_links_only_names_on_the_api_pages():
     from tools import api
 
-    page = (ROOT / "api.md").read_text()
+    page = api.PAGE.read_text() + api.INTERNALS.read_text()
     for chapter in sorted((ROOT / "chapters").glob("*.md")):
         used = api.names_used(chapter.read_text())
         assert used, f"{chapter.name} calls no beyondgrad helper?"

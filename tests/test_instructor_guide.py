@@ -21,12 +21,12 @@ import pytest
 from jax import lax
 
 from beyondgrad import implicit
+from beyondgrad import implicit_problems as problems
 from beyondgrad.exercises import ch1 as ex1
 from beyondgrad.exercises import ch2 as ex2
 from beyondgrad.exercises import ch3 as ch3_checks
 from beyondgrad.exercises import ch4
 from beyondgrad.exercises import ch5 as ex5
-from beyondgrad.figures import ch3 as figs
 from tools import book
 
 GUIDE = book.ROOT / "instructor_guide.md"
@@ -92,7 +92,7 @@ def _loose_tolerance_grad(b):
     def total(bb):
         p = {**params, "b": bb}
         z, _ = implicit.fixed_point(
-            figs.deq_layer,
+            problems.deq_layer,
             jnp.zeros_like(bb),
             p,
             tol=1e-14,

@@ -22,7 +22,7 @@ does not converge (``throw=False`` returns the state instead, as optimistix's
 ``throw=``).
 
 The chapter's worked examples (a deep-equilibrium layer, ridge regression) are not
-here: Chapter 3 defines them in view, and :mod:`beyondgrad.figures.ch3` keeps the
+here: Chapter 3 defines them in view, and :mod:`beyondgrad.implicit_problems` keeps the
 copies its experiments and the tests use. Exercise checkers live in
 :mod:`beyondgrad.exercises.ch3`.
 """

@@ -177,9 +177,23 @@ def vjp_from_linearize(
     ``vjp_fn(cotangent)`` takes a pytree shaped like ``out`` and returns a tuple with
     one cotangent per primal, exactly like ``jax.vjp``.
 
-    Raises ``TypeError`` if ``f`` is not callable or a primal/output leaf is not a
-    float array, ``ValueError``/``TypeError`` if a cotangent's structure, shape or dtype
-    differs from ``out``. A Python scalar cotangent takes the output's dtype.
+    A Python scalar cotangent takes the output's dtype.
+
+    Args:
+        f: The function ``f(*primals)``, returning a pytree of float arrays.
+        *primals: The point ``x`` at which ``A = J_f(x)`` is taken (pytrees of float
+            arrays).
+
+    Returns:
+        ``(out, vjp_fn)`` with ``out = f(*primals)`` and ``vjp_fn(v) = A^T v``, a tuple
+        with one cotangent per primal.
+
+    Raises:
+        TypeError: ``f`` is not callable, no primal is given, or a primal or output
+            leaf is not a float array; from ``vjp_fn``, a cotangent whose dtype
+            differs from ``out``.
+        ValueError: From ``vjp_fn``, a cotangent whose structure or shape differs
+            from ``out``.
     """
     _require_callable(f, "f")
     if not primals:
@@ -221,10 +235,24 @@ def dot_product_test(
     both sides, so the number is meaningful even when the pairing is near zero.
 
     ``f_transpose`` may return a 1-tuple (as ``jax.linear_transpose`` and ``vjp`` do).
-    Raises ``ValueError`` when ``f_lin`` is not linear (``A(2u - 3w) != 2Au - 3Aw``
-    beyond ``linearity_rtol``), when an output's structure/shape does not match the
-    examples or ``linearity_rtol <= 0``; ``TypeError`` for non-callables, non-float
-    examples, dtype mismatches or a bad key.
+
+    Args:
+        f_lin: The linear map ``u -> A u``.
+        f_transpose: Its claimed transpose ``v -> A^T v``.
+        in_example: A pytree of float arrays shaped like ``u`` (values unused).
+        out_example: A pytree of float arrays shaped like ``A u`` (values unused).
+        key: The PRNG key ``u``, ``v`` (and the linearity probe) are drawn from.
+        linearity_rtol: Relative tolerance of the check ``A(2u - 3w) = 2Au - 3Aw``,
+            a float ``> 0``.
+
+    Returns:
+        The relative mismatch above, a Python float.
+
+    Raises:
+        ValueError: ``f_lin`` is not linear beyond ``linearity_rtol``, an output's
+            structure or shape does not match the examples, or ``linearity_rtol <= 0``.
+        TypeError: A map that is not callable, non-float examples, dtype mismatches
+            or a bad key.
     """
     _require_callable(f_lin, "f_lin")
     _require_callable(f_transpose, "f_transpose")
@@ -272,10 +300,19 @@ def materialize(
     materializing a VJP function over ``out_example`` gives ``A^T``, row by row, like
     ``jacrev``.
 
-    With ``check=True`` (skipped under ``jit``/``vmap``, where values are abstract) the
-    matrix is compared with ``linear_fn`` on a random vector and a ``ValueError`` says
-    so when ``linear_fn`` is not linear (or affine). ``TypeError`` for non-float inputs
-    or outputs.
+    Args:
+        linear_fn: The linear map ``u -> A u``, on pytrees.
+        in_example: A pytree of float arrays shaped like ``u`` (values unused).
+        check: Compare the matrix with ``linear_fn`` on a random vector (skipped under
+            ``jit``/``vmap``, where values are abstract).
+
+    Returns:
+        ``A``, shape ``(output size, input size)``.
+
+    Raises:
+        ValueError: ``check`` found ``linear_fn`` not linear (e.g. affine).
+        TypeError: Non-float inputs or outputs, ``linear_fn`` not callable, or
+            ``check`` not a bool.
     """
     _require_callable(linear_fn, "linear_fn")
     _checks.boolean(check, "check")
@@ -348,8 +385,17 @@ def saved_residuals(f: Callable[..., Any], *args: PyTree) -> list[str]:
     The lines of ``jax.ad_checkpoint.print_saved_residuals(f, *args)`` (shape, then
     ``from the argument x``, ``output of sin``, ``named 'h'``, ...), with each source
     location shortened to ``in FUNCTION``. Wrap ``f`` (or a part of it) in
-    ``jax.checkpoint(..., policy=...)`` to see what a policy keeps. Raises
-    ``TypeError`` if ``f`` is not callable.
+    ``jax.checkpoint(..., policy=...)`` to see what a policy keeps.
+
+    Args:
+        f: The function reverse mode differentiates.
+        *args: Its arguments (pytrees of arrays).
+
+    Returns:
+        One string per saved residual: its shape and dtype, then where it comes from.
+
+    Raises:
+        TypeError: ``f`` is not callable.
     """
     _require_callable(f, "f")
     out = io.StringIO()

@@ -69,6 +69,14 @@ def resolve_exception(name: str, namespace: dict[str, Any]) -> type[BaseExceptio
     The first dotted part is looked up in ``namespace`` (the notebook's variables), then
     among the builtins; the rest are attributes.
 
+    Args:
+        name: A class name, plain or dotted (``"TypeError"``, ``"jax.errors.X"``).
+        namespace: The variables to look the first part up in (a notebook's
+            ``user_ns``).
+
+    Returns:
+        The exception class.
+
     Raises:
         ValueError: ``name`` does not name an exception class; the message says which
             part was not found.
@@ -161,6 +169,15 @@ def format_error(error: BaseException, *, expected: str | None = None) -> str:
     JAX's internal frames (and IPython's, and this module's) are left out; each kept
     frame shows where it is (``cell`` or ``beyondgrad/<module>.py``), the function and
     the line. The message is wrapped at :data:`WIDTH` characters.
+
+    Args:
+        error: The exception caught, with its traceback.
+        expected: The name the lesson expects it under (e.g. ``"TypeError"``); when
+            given, the head says "raised, as expected" and the message is prefixed
+            with it instead of the class's module and qualified name.
+
+    Returns:
+        The text: a head line, the reader's frames (innermost last), the message.
     """
     frames = [
         f
@@ -200,6 +217,14 @@ def expect_error(
     qualified name); any other exception propagates unchanged; no
     exception raises :class:`ExpectedErrorMissing`. A subclass of ``exception`` counts as
     another class: the book pins the class each lesson shows.
+
+    Args:
+        exception: The exception class the body must raise.
+        name: The name printed for it (e.g. ``"jax.errors.TracerBoolConversionError"``).
+        stream: Where the formatted error is printed; ``sys.stderr`` when ``None``.
+
+    Yields:
+        Nothing; the body runs inside the context.
 
     Raises:
         TypeError: ``exception`` is not an exception class.

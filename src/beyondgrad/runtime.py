@@ -47,7 +47,15 @@ def glue(name: str, value: object, display: bool = True) -> None:
     quotes the build's value, marked as the build's (``tools/book.py``), and the cell's
     own printed output is the reader's; ``display=True`` shows the value itself, as
     myst-nb does, never a ``name = value`` line.
-    Raises ``TypeError``/``ValueError`` when ``name`` is not a non-empty str.
+
+    Args:
+        name: The key the prose cites, a non-empty str.
+        value: The value to glue.
+        display: Show the value in the cell's output as well.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: ``name`` is empty.
     """
     if not isinstance(name, str):
         raise TypeError(
@@ -158,8 +166,22 @@ def demo_mesh(
     """A mesh of ``prod(shape)`` devices: accelerators if there are enough, else CPU devices.
 
     ``axis_types`` is explicit because ``jax.make_mesh``'s default changed inside the
-    supported range (Auto up to 0.8, Explicit from 0.9). Raises ``ValueError`` for a
-    shape/name mismatch and ``RuntimeError`` (with the fix) when not enough devices exist.
+    supported range (Auto up to 0.8, Explicit from 0.9).
+
+    Args:
+        shape: The mesh's axis sizes (an int for one axis).
+        axis_names: One distinct name per axis (a str for one axis).
+        axis_types: ``"auto"`` or ``"explicit"`` sharding for every axis.
+
+    Returns:
+        A ``jax.sharding.Mesh`` of the first ``prod(shape)`` default devices, or of
+        CPU devices when the default backend has fewer.
+
+    Raises:
+        ValueError: ``shape`` and ``axis_names`` differ in length, names repeat, or an
+            axis size is below 1.
+        TypeError: An axis size is not an int.
+        RuntimeError: Not enough devices exist (the message names the fix).
     """
     shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
     names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
@@ -369,6 +391,21 @@ def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> Drif
     ``book_version`` is the recorded JAX to compare with (default: the newest, which the
     book is built with). Compares outcome kind, value and exception class; messages and
     line numbers move between releases without changing what a chapter shows.
+
+    Args:
+        book_version: A recorded JAX version to compare with; the newest recorded
+            when ``None``.
+        timeout: Seconds the probe process may run, a number ``> 0``.
+
+    Returns:
+        A :class:`DriftCheck`: the probes run, their outcomes, and the differences
+        from the recorded row, each with the chapter section it affects.
+
+    Raises:
+        RuntimeError: No drift results are recorded, or the probes could not run.
+        ValueError: ``book_version`` is not a recorded version, or ``timeout`` is not
+            ``> 0``.
+        TypeError: ``timeout`` is not a number.
     """
     import json
     import subprocess

@@ -204,6 +204,18 @@ def transform(fn: Callable, name: str) -> Callable:
 
     ``transform(f, "jit(grad)")`` is ``jit(grad(s∘f))`` in the sense of
     :data:`BASE_TRANSFORMATIONS`: the innermost name is applied first.
+
+    Args:
+        fn: The function to transform.
+        name: A name from :data:`BASE_TRANSFORMATIONS`, or nested ones such as
+            ``"jit(grad)"`` or ``"vmap(grad)"``.
+
+    Returns:
+        The transformed function.
+
+    Raises:
+        TypeError: ``fn`` is not callable or ``name`` is not a str.
+        ValueError: ``name`` is unknown or malformed (the message lists the names).
     """
     _checks.function(fn, "fn", "callable")
     g = fn
@@ -346,6 +358,22 @@ def inspect_transformations(
     (:func:`beyondgrad.compat.concrete_value` is not ``None``), and which of
     :data:`CONVERSIONS` succeed on it. Then the transformed call runs; an exception is
     recorded (class name, first message line), not raised.
+
+    Args:
+        fn: The function to inspect.
+        *args: Its positional arguments.
+        transformations: The transformation names (as :func:`transform` takes them),
+            each run in order.
+        argnum: Which positional argument's first leaf to record.
+
+    Returns:
+        One :class:`Observation` per name in ``transformations``.
+
+    Raises:
+        TypeError: ``fn`` is not callable, ``transformations`` is empty or not a
+            sequence, a name is not a str, or ``argnum`` is not an int.
+        ValueError: A name is unknown or malformed, or ``argnum`` is negative or
+            indexes no argument.
     """
     _checks.function(fn, "fn", "callable (the function to inspect)")
     if isinstance(transformations, str):
@@ -415,6 +443,20 @@ def format_table(
     ``float``, ``np``), the values inside the tracer, and what the call raised (left
     out when no call raised). ``columns`` picks some of them, in the order given (the
     ``transformation`` column always comes first), to keep a table narrow.
+
+    Args:
+        observations: What :func:`inspect_transformations` returned (or one
+            :class:`Observation`).
+        columns: The column names to keep; all when ``None``.
+
+    Returns:
+        The table, one line per row, columns padded to a fixed width.
+
+    Raises:
+        ValueError: ``observations`` is empty or not a sequence, or a column name is
+            unknown.
+        TypeError: An entry is not an :class:`Observation`, or ``columns`` is not a
+            list of str.
     """
     if isinstance(observations, Observation):
         observations = [observations]
@@ -534,7 +576,15 @@ class Call:
 
 
 def call(*args: PyTree, **kwargs: PyTree) -> Call:
-    """Record the arguments of one call, for :func:`count_traces`."""
+    """Record the arguments of one call, for :func:`count_traces`.
+
+    Args:
+        *args: The call's positional arguments.
+        **kwargs: Its keyword arguments.
+
+    Returns:
+        A :class:`Call` holding them.
+    """
     return Call(args, kwargs)
 
 
@@ -608,6 +658,20 @@ def count_traces(
     no cached trace for that call's key (avals of array arguments, values of static
     arguments). The counter is new at every call of this function, so the log does not
     depend on what ran before.
+
+    Args:
+        fn: The function to jit.
+        calls: The calls, in order: :class:`Call` records or tuples of positional
+            arguments.
+        **jit_kwargs: Passed to ``jax.jit`` (e.g. ``static_argnums``).
+
+    Returns:
+        A :class:`TraceLog`: per call, whether ``fn`` was traced again and the cache
+        size after it.
+
+    Raises:
+        TypeError: ``fn`` is not callable, or ``calls`` is empty, not a sequence, or
+            holds an entry that is neither a :class:`Call` nor a tuple.
     """
     _checks.function(fn, "fn", "callable")
     if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)) or not calls:
@@ -693,6 +757,17 @@ def format_log(messages: Sequence[str], width: int = 78) -> str:
     File paths are cut to the file name (a notebook cell's to ``<cell>``), object ids (``id=140...``, different on
     every run) are dropped, and long lines are wrapped with their indentation kept.
     Messages are separated by a blank line.
+
+    Args:
+        messages: The log messages (what ``jax_log`` collected), a list of str.
+        width: The page width in columns, an int ``>= 20``.
+
+    Returns:
+        The messages, cleaned and wrapped, one block each.
+
+    Raises:
+        TypeError: ``messages`` is not a list of str, or ``width`` is not an int.
+        ValueError: ``width`` is below 20.
     """
     if isinstance(messages, str) or not isinstance(messages, Sequence):
         raise TypeError(
@@ -748,8 +823,20 @@ def innermost_frames(fn: Callable, *args: Any, **kwargs: Any) -> RaisingFrames:
     the filtering off for the one call and keeps the frames from the innermost frame
     outside the ``jax`` package (the caller's last line) down to the frame that
     raised. ``str()`` of the result prints them one per line as
-    ``folder/file.py:line in function: source``. Raises ``ValueError`` if ``fn``
-    returns normally.
+    ``folder/file.py:line in function: source``.
+
+    Args:
+        fn: The function to call; it must raise.
+        *args: Its positional arguments.
+        **kwargs: Its keyword arguments.
+
+    Returns:
+        A :class:`RaisingFrames`: the exception and the frames from the caller's
+        line down to the one that raised.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+        ValueError: ``fn`` returned without raising.
     """
     _checks.function(fn, "fn", "callable")
     previous = jax.config.jax_traceback_filtering

@@ -35,8 +35,8 @@ from beyondgrad.exercises import (
     tree_mismatches,
     verdict,
 )
-from beyondgrad.figures.ch3 import deq_layer, deq_params
 from beyondgrad.implicit import fixed_point
+from beyondgrad.implicit_problems import deq_layer, deq_params
 
 __all__ = [
     "FIXED_POINT_M",
@@ -445,7 +445,7 @@ def exercise3_params() -> dict[str, jax.Array]:
     """The DEQ parameters of Exercise 3.3 (float64, d=8; contraction factor 0.95).
 
     Returns:
-        The dict ``{"W", "U", "b", "x"}`` of :func:`beyondgrad.figures.ch3.deq_params`.
+        The dict ``{"W", "U", "b", "x"}`` of :func:`beyondgrad.implicit_problems.deq_params`.
     """
     with jax.enable_x64(True):
         return deq_params(
