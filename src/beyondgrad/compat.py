@@ -55,6 +55,7 @@ __all__ = [
     "DIRECT_LINEARIZE_OPTION",
     "custom_jvp_sources",
     "function_source",
+    "varying_like",
     "AxisNames",
     "Primitive",
     "primitives",
@@ -712,3 +713,9 @@ def custom_jvp_sources(eqn: Any) -> tuple[str | None, str | None]:
     params = eqn.params
     jvp = params.get("jvp_jaxpr_fun", params.get("jvp_jaxpr_thunk"))
     return function_source(params.get("call_jaxpr")), function_source(jvp)
+
+
+def varying_like(value: Any, like: Any) -> Any:
+    """``value`` cast to vary over the mesh axes that ``like`` varies over (a no-op
+    outside ``shard_map``, and for axes ``value`` already varies over)."""
+    return pcast_varying(value, tuple(sorted(varying_axes(like))))

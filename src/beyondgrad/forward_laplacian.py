@@ -101,8 +101,7 @@ Jacobian and the trace of ``jax.jacfwd(jax.jacrev(fn))`` for the Laplacian (same
 numbers by construction; it costs a full ``d × d`` Hessian and warns once with
 :class:`GenericRuleWarning`).
 
-This module depends on :mod:`beyondgrad.compat` and :func:`beyondgrad.laplacian.basis`
-only, so it can be lifted alone.
+This module depends on :mod:`beyondgrad.compat` only, so it can be lifted alone.
 """
 
 from __future__ import annotations
@@ -122,7 +121,6 @@ from jax import lax
 from beyondgrad import _checks, compat
 from beyondgrad.compat import Primitive
 from beyondgrad.compat import primitives as P
-from beyondgrad.laplacian import basis
 
 __all__ = [
     "FALLBACK",
@@ -1464,6 +1462,23 @@ def _hessian_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
     hess = jax.jacfwd(jax.jacrev(fn))(r)  # (*out, d, d)
     lap = jnp.trace(hess, axis1=-2, axis2=-1)
     return Jet(val, jnp.moveaxis(jac, -1, 0), lap)
+
+
+def basis(x: jax.Array) -> jax.Array:
+    """The identity basis ``eye(d)`` of ``x``'s space, with ``x``'s dtype and varying axes.
+
+    Inside ``shard_map`` a tangent must have the same varying type as its primal; a bare
+    ``jnp.eye`` is invariant, so it is cast to the axes of ``x`` here.
+
+    Raises:
+        ValueError: ``x`` is not 1-D (the message gives its shape).
+    """
+    if jnp.ndim(x) != 1:
+        raise ValueError(
+            f"basis needs a 1-D x (the point whose space it spans), got shape "
+            f"{jnp.shape(x)}; flatten it first, e.g. x.reshape(-1)"
+        )
+    return compat.varying_like(jnp.eye(x.shape[0], dtype=x.dtype), x)
 
 
 def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:

@@ -69,6 +69,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from beyondgrad import _checks, compat
+from beyondgrad.forward_laplacian import basis, forward_laplacian
 
 __all__ = [
     "METHODS",
@@ -214,28 +215,6 @@ def _check_input(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array
     return x
 
 
-def _varying_like(value: jax.Array, like: jax.Array) -> jax.Array:
-    """``value`` cast to vary over the mesh axes ``like`` varies over (no-op outside shard_map)."""
-    return compat.pcast_varying(value, tuple(sorted(compat.varying_axes(like))))
-
-
-def basis(x: jax.Array) -> jax.Array:
-    """The identity basis ``eye(d)`` of ``x``'s space, with ``x``'s dtype and varying axes.
-
-    Inside ``shard_map`` a tangent must have the same varying type as its primal; a bare
-    ``jnp.eye`` is invariant, so it is cast to the axes of ``x`` here.
-
-    Raises:
-        ValueError: ``x`` is not 1-D (the message gives its shape).
-    """
-    if jnp.ndim(x) != 1:
-        raise ValueError(
-            f"basis needs a 1-D x (the point whose space it spans), got shape "
-            f"{jnp.shape(x)}; flatten it first, e.g. x.reshape(-1)"
-        )
-    return _varying_like(jnp.eye(x.shape[0], dtype=x.dtype), x)
-
-
 def grad_and_laplacian(
     f: Callable[[jax.Array], jax.Array],
     x: jax.Array,
@@ -293,9 +272,6 @@ def grad_and_laplacian(
     if method == "folx":
         return _folx_grad_and_laplacian(f, x, sparsity_threshold)
     if method == "forward":
-        # imported here: forward_laplacian imports this module (basis)
-        from beyondgrad.forward_laplacian import forward_laplacian
-
         _, jac, lap = forward_laplacian(f, x)
         return jac.reshape(x.shape), lap
     g, hvp = _linearize_grad(f, x)  # hvp(v) = H v, reusing the linearization
@@ -476,7 +452,7 @@ def hutchinson_probes(key: jax.Array, x: jax.Array, num_samples: int) -> jax.Arr
     _check_num_samples(num_samples)
     x = _check_point(x)
     v = jax.random.rademacher(key, (num_samples, x.shape[0]), dtype=x.dtype)
-    return _varying_like(v, x)
+    return compat.varying_like(v, x)
 
 
 def hutchinson_samples(
