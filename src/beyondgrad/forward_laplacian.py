@@ -188,7 +188,18 @@ class Rule:
 
 
 def bind(eqn: Any, vals: Sequence[Any]) -> list[Any]:
-    """Apply ``eqn``'s primitive (with its parameters) to plain values; a list of outputs."""
+    """Apply ``eqn``'s primitive (with its parameters) to plain values; a list of outputs.
+
+    Args:
+        eqn: a jaxpr equation (``eqn.primitive``, ``eqn.params``), as a rule receives it.
+        vals: one plain array (not a :class:`Jet`) per operand of ``eqn``, in operand
+            order; their shapes may differ from the traced ones where the primitive
+            allows it (e.g. a ``jac`` row, or under ``jax.vmap``).
+
+    Returns:
+        A list with one array per result of the primitive (a one-element list for a
+        primitive with a single result).
+    """
     return compat.bind_equation(eqn, list(vals))
 
 
@@ -401,7 +412,21 @@ def linear(*positions: int, all_from: int | None = None) -> Rule:
     ``all_from`` on: ``concatenate`` has ``all_from=0``, ``select_n`` ``all_from=1``, after
     its predicate); the other operands must not depend on ``r`` (if one does, the generic
     rule is used). Each of jac's ``d`` rows and the Laplacian go through the same map as
-    the value."""
+    the value.
+
+    Args:
+        *positions: the operand positions (Python ints, 0-based) in which the primitive
+            is jointly linear, e.g. ``linear(0)``.
+        all_from: the first of the linear operands, which run to the last one (when
+            given, ``positions`` is ignored); ``None``: ``positions`` alone.
+
+    Returns:
+        A :class:`Rule` of kind ``"linear"``.
+
+    Raises:
+        ValueError: if neither ``positions`` nor ``all_from`` is given.
+        TypeError: if a position or ``all_from`` is not a Python int.
+    """
     if not positions and all_from is None:
         raise ValueError("linear() needs the linear positions or all_from")
     for k in (*positions, all_from or 0):
@@ -494,7 +519,22 @@ def call(*params: str) -> Rule:
 
 
 def custom(fn: Callable[[Any, list[Any]], list[Any]], detail: str = "") -> Rule:
-    """A rule written against the contract ``fn(eqn, ins) -> outs`` (module docstring)."""
+    """A rule written against the contract ``fn(eqn, ins) -> outs`` (module docstring).
+
+    Args:
+        fn: a function ``fn(eqn, ins) -> outs``: ``eqn`` the jaxpr equation, ``ins``
+            a list with one entry per operand (a :class:`Jet` where it depends on
+            ``r``, a plain array otherwise), ``outs`` a list with one entry per result
+            (a :class:`Jet` whose ``jac`` has shape ``(d, *shape)``, or a plain array).
+        detail: a description shown in the rule's ``detail``; empty: ``fn``'s
+            ``__name__``.
+
+    Returns:
+        A :class:`Rule` of kind ``"custom"``.
+
+    Raises:
+        TypeError: if ``fn`` is not callable.
+    """
     _checks.function(fn, "fn", "a function fn(eqn, ins)", where="custom(): ")
     return Rule("custom", fn, detail or getattr(fn, "__name__", ""))
 
@@ -1020,7 +1060,20 @@ _WARNED_SHARE: set[tuple[str, ...]] = set()
 def rule_for(primitive: Primitive, d: int | None = None) -> Rule:
     """The rule the interpreter uses for ``primitive``: its entry in :data:`RULES`, else
     the generic rule (with a :class:`GenericRuleWarning`, once per primitive, unless
-    ``primitive`` is in :data:`FALLBACK`; ``d``, the input size, goes into its cost)."""
+    ``primitive`` is in :data:`FALLBACK`; ``d``, the input size, goes into its cost).
+
+    Args:
+        primitive: a :class:`jax.extend.core.Primitive` object (e.g.
+            ``jax.lax.sin_p``), not its name.
+        d: the input size (length of ``r``), quoted in the warning's cost; ``None``:
+            the cost is given as ``2*d``.
+
+    Returns:
+        The :class:`Rule` registered for ``primitive``, else the generic rule.
+
+    Raises:
+        TypeError: if ``primitive`` is not a ``jax.extend.core.Primitive``.
+    """
     if not isinstance(primitive, Primitive):
         raise TypeError(
             "rule_for needs a jax.extend.core.Primitive (e.g. jax.lax.sin_p), got "
@@ -1060,7 +1113,21 @@ def _check_entry(primitive: object, rule: object) -> None:
 def register_rule(primitive: Primitive, rule: Rule) -> Rule | None:
     """Make ``rule`` the forward-Laplacian rule of ``primitive``; returns the previous
     rule (``None`` if there was none). Raises ``TypeError`` if ``primitive`` is not a
-    ``jax.extend.core.Primitive`` (e.g. a name) or ``rule`` is not a :class:`Rule`."""
+    ``jax.extend.core.Primitive`` (e.g. a name) or ``rule`` is not a :class:`Rule`.
+
+    Args:
+        primitive: the :class:`jax.extend.core.Primitive` object (e.g.
+            ``jax.lax.mul_p``) whose entry in :data:`RULES` is set.
+        rule: a :class:`Rule`, built by :func:`linear`, :func:`bilinear`,
+            :func:`elementwise`, :func:`custom`, :func:`from_triples`, ….
+
+    Returns:
+        The rule previously registered for ``primitive``, or ``None``.
+
+    Raises:
+        TypeError: if ``primitive`` is not a ``jax.extend.core.Primitive`` or ``rule``
+            is not a :class:`Rule`.
+    """
     _check_entry(primitive, rule)
     before = RULES.get(primitive)
     RULES[primitive] = rule
@@ -1450,6 +1517,20 @@ def forward_laplacian(
 
     Returns shapes ``out``, ``(*out, d)`` (Jacobian, last axis = input coordinate) and
     ``out`` (``fn`` returns one array of shape ``out``).
+
+    Args:
+        fn: a JAX-traceable function of one 1-D array of shape ``(d,)`` that returns
+            one array (of any shape ``out``, not a pytree).
+        r: the point, a 1-D floating-point array of shape ``(d,)``.
+
+    Returns:
+        A tuple ``(value, jacobian, laplacian)``: ``fn(r)`` of shape ``out``, the
+        Jacobian of shape ``(*out, d)`` and the Laplacian of shape ``out``.
+
+    Raises:
+        TypeError: if the arguments are swapped (an array first, a function second)
+            or ``fn`` returns more than one array.
+        ValueError: if ``r`` is not a 1-D floating-point array.
     """
     jet = forward_jet(fn, r)
     return jet.val, jnp.moveaxis(jet.jac, 0, -1), _zeros_if_none(jet.lap, jet.val)
@@ -1485,6 +1566,20 @@ def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
     """The :class:`Jet` of ``fn`` at a 1-D ``r``: :func:`forward_laplacian` with the
     Jacobian's input axis first, ``(d, *out)`` (the layout the interpreter carries, and
     the one :func:`beyondgrad.slater.orbital_derivatives` contracts without a transpose).
+
+    Args:
+        fn: a JAX-traceable function of one 1-D array of shape ``(d,)`` that returns
+            one array (of any shape ``out``, not a pytree).
+        r: the point, a 1-D floating-point array of shape ``(d,)``.
+
+    Returns:
+        A :class:`Jet` ``(val, jac, lap)``: ``val = fn(r)`` of shape ``out``, ``jac``
+        of shape ``(d, *out)`` and ``lap`` of shape ``out`` (never ``None`` here).
+
+    Raises:
+        TypeError: if the arguments are swapped (an array first, a function second)
+            or ``fn`` returns more than one array.
+        ValueError: if ``r`` is not a 1-D floating-point array.
     """
     if callable(r) and not callable(fn):
         raise TypeError(
