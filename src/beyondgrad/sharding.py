@@ -120,6 +120,25 @@ def validate_spec(
     a dimension's size is not divisible by the product of the sizes of the mesh axes
     it is split over (dimension ``k`` split over ``(a, b)`` has ``size(a) size(b)``
     blocks). A string where a spec belongs is a ``TypeError`` suggesting ``P(name)``.
+
+    Args:
+        mesh: a ``jax.sharding.Mesh`` or a mapping ``{axis name: size}`` giving the
+            mesh axes the spec may name.
+        spec: a ``PartitionSpec``; ``None`` (taken as ``P()``, fully replicated) or a
+            tuple/list of entries (taken as ``P(*spec)``) is accepted too.
+        shape: the global shape of the argument the spec applies to; ``None`` skips
+            the rank and divisibility checks.
+        what: the name of the spec in error messages (keyword-only).
+
+    Returns:
+        ``spec`` as a ``PartitionSpec``.
+
+    Raises:
+        TypeError: ``spec`` is a string or not a spec, a spec entry is not ``None``, a
+            name or a tuple of names, or ``mesh`` is neither a ``Mesh`` nor a mapping.
+        ValueError: the spec names an axis not in the mesh or one axis twice, has more
+            entries than ``shape`` has dimensions, or splits a dimension into a number
+            of blocks that does not divide its size.
     """
     sizes = _mesh_sizes(mesh)
     if not isinstance(spec, P):
@@ -173,7 +192,26 @@ def _is_spec(s: object) -> bool:
 def validate_specs(
     mesh: Mesh | Mapping[str, int], specs: Specs, args: Any, *, what: str = "in_specs"
 ) -> None:
-    """Validate a pytree of PartitionSpecs (a prefix of ``args``) against mesh and shapes."""
+    """Validate a pytree of PartitionSpecs (a prefix of ``args``) against mesh and shapes.
+
+    Args:
+        mesh: a ``jax.sharding.Mesh`` or a mapping ``{axis name: size}``.
+        specs: a pytree of ``PartitionSpec``s (``None`` leaves meaning ``P()``) that is
+            a prefix of the pytree ``args``, as ``shard_map``'s ``in_specs``.
+        args: the arguments (arrays, ``ShapeDtypeStruct``s or anything ``np.shape``
+            accepts); every leaf under a spec is checked with :func:`validate_spec`.
+        what: the name used in error messages, suffixed ``[k]`` for the ``k``-th spec
+            when there are several (keyword-only).
+
+    Returns:
+        ``None``; the function only raises.
+
+    Raises:
+        TypeError: ``specs`` is a string, or a spec is malformed (see
+            :func:`validate_spec`).
+        ValueError: ``specs`` is not a prefix of the structure of ``args``, or a spec
+            does not fit the mesh or a leaf's shape (see :func:`validate_spec`).
+    """
     if isinstance(specs, str):
         raise TypeError(
             f"{what} must be a PartitionSpec or a tuple of them, such as P({specs!r}); got a string"
@@ -373,6 +411,28 @@ def explain_vma(
     ``shard_map`` does. Nested jaxprs (``scan`` bodies, ``cond`` branches, ``jit``
     calls, custom rules) are walked too; their rows carry a ``where`` path.
     Raises ``ValueError`` naming the axis/spec for specs that do not fit mesh or args.
+
+    Args:
+        f: the per-shard function traced inside ``jax.shard_map``; it takes one block
+            per argument.
+        mesh: the ``jax.sharding.Mesh`` to map over.
+        in_specs: ``shard_map``'s ``in_specs``: a pytree of ``PartitionSpec``s, a prefix
+            of ``args``.
+        *args: the global arguments (arrays or ``jax.ShapeDtypeStruct``s); only shapes
+            and dtypes are used.
+        out_specs: ``shard_map``'s ``out_specs``; ``None`` (the default) inspects the
+            results without returning them from ``shard_map``.
+        check_vma: passed to ``jax.shard_map``; ``True`` makes JAX check varying axes.
+
+    Returns:
+        A :class:`VmaReport` with the mesh axes, the varying axes and types of the
+        arguments and results, and one row per equation (nested jaxprs included).
+
+    Raises:
+        TypeError: ``f`` is not callable, ``mesh`` is not a ``Mesh``, or a spec is
+            malformed (e.g. a string).
+        ValueError: ``in_specs`` does not match ``args``' structure, or a spec names an
+            axis not in the mesh, repeats an axis, or does not fit an argument's shape.
     """
     _checks.function(f, "f")
     _require_mesh(mesh)
@@ -428,6 +488,23 @@ def explain_transpose(
     the types the transpose returns (the same as the arguments', by definition).
     A non-linear ``f`` raises JAX's own error (e.g. ``NotImplementedError`` for a
     primitive with no transpose rule).
+
+    Args:
+        f: a linear per-shard function, traced inside ``jax.shard_map``.
+        mesh: the ``jax.sharding.Mesh`` to map over.
+        in_specs: ``shard_map``'s ``in_specs``: a pytree of ``PartitionSpec``s, a prefix
+            of ``args``.
+        *args: the global arguments (arrays or ``jax.ShapeDtypeStruct``s); only shapes
+            and dtypes are used.
+
+    Returns:
+        A :class:`VmaReport` whose rows are those of the transpose only, numbered from 0.
+
+    Raises:
+        TypeError: ``f`` is not callable, ``mesh`` is not a ``Mesh``, or a spec is
+            malformed.
+        ValueError: a spec does not fit the mesh or the arguments (as
+            :func:`explain_vma`).
     """
     _checks.function(f, "f")
     forward = explain_vma(f, mesh, in_specs, *args)
@@ -472,6 +549,28 @@ def data_parallel_value_and_grad(
     split along its leading dimension, which must be divisible by the size of ``axis``.
     Plain arrays are placed first (``params`` replicated, ``batch`` split), so any mesh
     works, Explicit or Auto axes.
+
+    Args:
+        loss_fn: ``loss_fn(params, batch) -> scalar``, the loss of one shard of the
+            batch (its mean or its sum over the shard's examples, per ``reduction``).
+        mesh: the ``jax.sharding.Mesh`` to run on.
+        axis: the one mesh axis name the batch is split over.
+        reduction: ``"mean"`` (combine shard losses with ``pmean``) or ``"sum"``
+            (with ``psum``); keyword-only.
+
+    Returns:
+        A jitted ``f(params, batch) -> (loss, grads)``: the global loss and the
+        gradient with respect to ``params`` (same pytree structure as ``params``).
+        ``f`` raises ``ValueError`` if ``batch`` has no leaves, a leaf's leading size
+        is not divisible by the size of ``axis`` or leaves differ in leading size, and
+        ``TypeError`` if a ``params`` leaf is not floating point (or complex) or
+        ``loss_fn`` does not return a scalar.
+
+    Raises:
+        TypeError: ``loss_fn`` is not callable, ``mesh`` is not a ``Mesh``, or ``axis``
+            is not a str.
+        ValueError: ``axis`` is not a mesh axis, or ``reduction`` is not ``"mean"`` or
+            ``"sum"``.
     """
     _checks.function(loss_fn, "loss_fn", "a function (params, batch) -> scalar")
     _require_mesh(mesh)
@@ -588,6 +687,26 @@ def block_layout(
     ``n = size(a) * size(b) * ...`` equal blocks; a device at mesh coordinates ``c``
     holds block ``((c_a * size(b) + c_b) * ...)`` (major to minor in the order listed).
     Axes not named by the spec do not split anything: devices along them hold copies.
+
+    Args:
+        mesh_shape: the mesh's size along each axis (e.g. ``mesh.devices.shape``); not
+            a ``Mesh``.
+        spec: the ``PartitionSpec`` (or ``None``/tuple, as :func:`validate_spec`)
+            naming axes from ``axis_names``.
+        array_shape: the global shape of the array.
+        axis_names: the mesh axis names, one per entry of ``mesh_shape``; a single
+            string is taken as one name.
+
+    Returns:
+        A :class:`BlockLayout` giving, for each flat mesh position (row-major), the
+        slices of the block it holds, and the set of mesh axes the spec names.
+
+    Raises:
+        TypeError: ``mesh_shape`` is a ``Mesh``, ``mesh_shape`` or ``array_shape`` is
+            not a sequence of ints, or ``spec`` is malformed.
+        ValueError: ``mesh_shape`` and ``axis_names`` differ in length, a mesh size is
+            below 1, or ``spec`` does not fit the mesh or ``array_shape`` (see
+            :func:`validate_spec`).
     """
     if isinstance(mesh_shape, Mesh):
         raise TypeError(
