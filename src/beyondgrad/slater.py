@@ -392,7 +392,25 @@ def _rows_together_and_alone(
 def slater_matrix(
     orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
 ) -> jax.Array:
-    """The Slater matrix :math:`A_{ij}=\\varphi_j(r_i)`, shape ``(n, n)``."""
+    """The Slater matrix :math:`A_{ij}=\\varphi_j(r_i)`, shape ``(n, n)``.
+
+    Args:
+        orbitals: a function mapping one electron's position ``r`` of shape
+            ``(3,)`` to the ``n`` real orbital values ``(n,)``.
+        positions: electron positions, shape ``(n, 3)``, real floating-point.
+
+    Returns:
+        The Slater matrix ``A``, shape ``(n, n)``, with
+        ``A[i, j] = orbitals(positions[i])[j]``.
+
+    Raises:
+        ValueError: ``positions`` is not ``(n, 3)``; ``orbitals`` fails on one
+            ``(3,)`` position, does not return ``(n,)`` values, or reads several
+            electrons (see the module docstring).
+        TypeError: ``orbitals`` is not callable (or the arguments are swapped),
+            ``positions`` is not real floating-point, or ``orbitals`` returns
+            complex or integer values.
+    """
     _orbitals_first(orbitals, positions, "slater_matrix")
     positions = check_positions(positions)
     _check_orbitals(orbitals, positions)
@@ -402,7 +420,24 @@ def slater_matrix(
 def slater_log_psi(
     orbitals: Callable[[jax.Array], jax.Array], positions: jax.Array
 ) -> jax.Array:
-    """:math:`\\log|\\det A|` with :math:`A_{ij}=\\varphi_j(r_i)` (``slogdet``, never ``log(det)``)."""
+    """:math:`\\log|\\det A|` with :math:`A_{ij}=\\varphi_j(r_i)` (``slogdet``, never ``log(det)``).
+
+    Args:
+        orbitals: a function mapping one electron's position ``r`` of shape
+            ``(3,)`` to the ``n`` real orbital values ``(n,)``.
+        positions: electron positions, shape ``(n, 3)``, real floating-point.
+
+    Returns:
+        :math:`\\log|\\det A|`, a scalar.
+
+    Raises:
+        ValueError: ``positions`` is not ``(n, 3)``; ``orbitals`` fails on one
+            ``(3,)`` position, does not return ``(n,)`` values, or reads several
+            electrons (see the module docstring).
+        TypeError: ``orbitals`` is not callable (or the arguments are swapped),
+            ``positions`` is not real floating-point, or ``orbitals`` returns
+            complex or integer values.
+    """
     return jnp.linalg.slogdet(slater_matrix(orbitals, positions))[1]
 
 
@@ -415,6 +450,23 @@ def orbital_derivatives(
     coordinates. Shapes ``(n, n)``, ``(n, n, 3)``, ``(n, n)``, indexed ``[i, j]`` =
     electron, orbital (:func:`orbital_jets` is the same with the gradient as
     ``(n, 3, n)``, the layout :func:`slater_laplacian` contracts).
+
+    Args:
+        orbitals: a function mapping one electron's position ``r`` of shape
+            ``(3,)`` to the ``n`` real orbital values ``(n,)``.
+        positions: electron positions, shape ``(n, 3)``, real floating-point.
+
+    Returns:
+        ``(phi, dphi, lphi)``: values ``(n, n)``, gradients ``(n, n, 3)``
+        and Laplacians ``(n, n)``, indexed ``[i, j]`` = electron, orbital.
+
+    Raises:
+        ValueError: ``positions`` is not ``(n, 3)``; ``orbitals`` fails on one
+            ``(3,)`` position, does not return ``(n,)`` values, or reads several
+            electrons (see the module docstring).
+        TypeError: ``orbitals`` is not callable (or the arguments are swapped),
+            ``positions`` is not real floating-point, or ``orbitals`` returns
+            complex or integer values.
     """
     _orbitals_first(orbitals, positions, "orbital_derivatives")
     phi, dphi, lphi = orbital_jets(orbitals, positions)
@@ -430,6 +482,24 @@ def orbital_jets(
     ``orbitals`` at one position, ``jax.vmap``-ed over the ``n`` electrons, so each
     of the orbitals' operations runs once on all electrons together (a matrix product
     of the orbitals becomes one batched product, not ``n`` small ones).
+
+    Args:
+        orbitals: a function mapping one electron's position ``r`` of shape
+            ``(3,)`` to the ``n`` real orbital values ``(n,)``.
+        positions: electron positions, shape ``(n, 3)``, real floating-point.
+
+    Returns:
+        ``(phi, dphi, lphi)``: values ``(n, n)`` (electron, orbital), gradients
+        ``(n, 3, n)`` (electron, coordinate, orbital) and Laplacians ``(n, n)``
+        (electron, orbital).
+
+    Raises:
+        ValueError: ``positions`` is not ``(n, 3)``; ``orbitals`` fails on one
+            ``(3,)`` position, does not return ``(n,)`` values, or reads several
+            electrons (see the module docstring).
+        TypeError: ``orbitals`` is not callable (or the arguments are swapped),
+            ``positions`` is not real floating-point, or ``orbitals`` returns
+            complex or integer values.
     """
     _orbitals_first(orbitals, positions, "orbital_jets")
     positions = check_positions(positions)
@@ -446,6 +516,23 @@ def orbital_derivatives_fwdfwd(
     The textbook route (and the reference the forward Laplacian is tested against): for
     each direction :math:`e_k`, ``jax.jvp`` of ``jax.jvp`` gives the first and second
     directional derivatives; the three second derivatives are summed at the end.
+
+    Args:
+        orbitals: a function mapping one electron's position ``r`` of shape
+            ``(3,)`` to the ``n`` real orbital values ``(n,)``.
+        positions: electron positions, shape ``(n, 3)``, real floating-point.
+
+    Returns:
+        ``(phi, dphi, lphi)`` as :func:`orbital_derivatives`: shapes ``(n, n)``,
+        ``(n, n, 3)``, ``(n, n)``, indexed ``[i, j]`` = electron, orbital.
+
+    Raises:
+        ValueError: ``positions`` is not ``(n, 3)``; ``orbitals`` fails on one
+            ``(3,)`` position, does not return ``(n,)`` values, or reads several
+            electrons (see the module docstring).
+        TypeError: ``orbitals`` is not callable (or the arguments are swapped),
+            ``positions`` is not real floating-point, or ``orbitals`` returns
+            complex or integer values.
     """
     _orbitals_first(orbitals, positions, "orbital_derivatives_fwdfwd")
     positions = check_positions(positions)
@@ -476,6 +563,21 @@ def row_formula(
        \\nabla_{r_i}\\log|\\det A| &= \\sum_j B_{ji}\\,\\nabla\\varphi_j(r_i), \\\\
        \\Delta\\log|\\det A| &= \\sum_{i,j} B_{ji}\\,\\Delta\\varphi_j(r_i)
            - |\\nabla\\log|\\det A||^2 .
+
+    Args:
+        phi: the Slater matrix, ``(n, n)``, ``phi[i, j]`` = orbital ``j`` at
+            electron ``i``.
+        dphi: the orbitals' gradients, ``(n, n, 3)`` (electron, orbital,
+            coordinate), as from :func:`orbital_derivatives`.
+        lphi: the orbitals' Laplacians, ``(n, n)`` (electron, orbital).
+
+    Returns:
+        ``(logdet, grad, lap)``: :math:`\\log|\\det A|` (scalar), its gradient
+        ``(n, 3)`` and its Laplacian (scalar).
+
+    Raises:
+        ValueError: the shapes are not ``(n, n)``, ``(n, n, 3)``, ``(n, n)``.
+        TypeError: an array is not real floating-point.
     """
     n = phi.shape[0]
     if phi.shape != (n, n) or dphi.shape != (n, n, 3) or lphi.shape != (n, n):
@@ -498,6 +600,20 @@ def row_sums(
     :math:`\\sum_{i,j} B_{ji}\\,\\Delta\\varphi_j(r_i) - \\sum_i |g_i|^2`;
     ``dphi`` is ``(n, 3, n)`` (electron, coordinate, orbital). :math:`O(n^2)`: the
     third part of :func:`slater_laplacian`, after the orbitals and the inverse.
+
+    Args:
+        b: the inverse :math:`B = A^{-1}` of the Slater matrix, ``(n, n)``.
+        dphi: the orbitals' gradients, ``(n, 3, n)`` (electron, coordinate,
+            orbital), as from :func:`orbital_jets`.
+        lphi: the orbitals' Laplacians, ``(n, n)`` (electron, orbital).
+
+    Returns:
+        ``(grad, lap)``: :math:`\\nabla\\log|\\det A|`, shape ``(n, 3)``, and
+        :math:`\\Delta\\log|\\det A|`, a scalar.
+
+    Raises:
+        ValueError: the shapes are not ``(n, n)``, ``(n, 3, n)``, ``(n, n)``.
+        TypeError: an array is not real floating-point.
     """
     n = b.shape[0] if b.ndim else 0
     if b.shape != (n, n) or dphi.shape != (n, 3, n) or lphi.shape != (n, n):
@@ -545,6 +661,24 @@ def slater_laplacian(
     through the closure). For all of these take the Laplacian of the whole log|ψ| with
     ``laplacian.grad_and_laplacian`` or
     :func:`~beyondgrad.forward_laplacian.forward_laplacian`.
+
+    Args:
+        orbitals: a function mapping one electron's position ``r`` of shape
+            ``(3,)`` to the ``n`` real orbital values ``(n,)``.
+        positions: electron positions, shape ``(n, 3)``, real floating-point.
+
+    Returns:
+        ``(logdet, grad, lap)``: :math:`\\log|\\psi|` (scalar),
+        :math:`\\nabla\\log|\\psi|` ``(n, 3)`` and :math:`\\Delta\\log|\\psi|`
+        (scalar).
+
+    Raises:
+        ValueError: ``positions`` is not ``(n, 3)``; ``orbitals`` fails on one
+            ``(3,)`` position, does not return ``(n,)`` values, or reads several
+            electrons (see the module docstring).
+        TypeError: ``orbitals`` is not callable (or the arguments are swapped),
+            ``positions`` is not real floating-point, or ``orbitals`` returns
+            complex or integer values.
     """
     _orbitals_first(orbitals, positions, "slater_laplacian")
     # The barrier makes XLA compute the three arrays once, as orbital_jets alone does.
