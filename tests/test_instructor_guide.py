@@ -1,9 +1,11 @@
 """The instructor guide quotes what the exercise checkers print: keep those quotes true.
 
 Each case below is a mistake the guide describes. The test gives the mistaken answer to
-the real checker and asserts that (1) the checker rejects it, (2) its output contains the
-quoted text, and (3) the guide contains the same text. A checker whose wording changes,
-or a guide that drifts from the checkers, fails here with both texts in the message.
+the real checker and asserts that (1) the checker rejects it, (2) the quoted text is in
+the FIRST message the student sees (what an instructor reads over a shoulder), (3) a
+quoted follow-up line, where the guide gives one, comes after it, and (4) the guide
+contains the same texts. A checker whose wording or order changes, or a guide that
+drifts from the checkers, fails here with both texts in the message.
 """
 
 from __future__ import annotations
@@ -228,11 +230,18 @@ def _endless(x, n, n_max):  # Chapter 1: a Python loop whose condition never tur
 _WEIGHTS = jnp.linspace(1.0, 2.0, 6)
 
 
+_X_PART_HINT = (
+    "the 'x' part is wrong: transpose cumsum and roll(x, 1) one at a time and check each "
+    "with linear.dot_product_test"
+)
+
+
 @dataclass(frozen=True)
 class Mistake:
     name: str
     check: Callable[[], object]  # returns the checker's Feedback
-    quote: str  # text that the checker prints and the guide quotes
+    quote: str  # text of the first message the student sees, as the guide quotes it
+    then: str = ""  # text of a later message the guide quotes too (the diagnosis)
 
 
 MISTAKES = [
@@ -280,10 +289,13 @@ MISTAKES = [
         lambda: ex1.check_nan_interval((-float("inf"), 0.0)),
         "left end -inf: at x = -0.112711, between your end and the true one, grad(bump) "
         "is 0; your interval contains it: move the left end toward 0",
+        "right end 0: at x = 1.0842e-20, between your end and the true one, grad(bump) "
+        "is nan; your interval misses it: move the right end away from 0",
     ),
     Mistake(
         "ch1-nan-positive-side",
-        lambda: ex1.check_nan_interval((-0.0113, 0.0)),
+        # the left end right (as measured), the positive side missed
+        lambda: ex1.check_nan_interval((ex1.nan_interval_measured()[0], 0.0)),
         "right end 0: at x = 1.0842e-20, between your end and the true one, grad(bump) "
         "is nan; your interval misses it: move the right end away from 0",
     ),
@@ -292,6 +304,7 @@ MISTAKES = [
         lambda: ex1.check_predict_retraces(
             lambda x, n: (np.shape(x), jnp.result_type(x), n), seed=0
         ),
+        "in a quiz drawn for this check (the next check draws another)",
         "so you predict a cache hit, but jit traced again: the two differ in something "
         "jit's key includes",
     ),
@@ -300,6 +313,7 @@ MISTAKES = [
         lambda: ex1.check_predict_retraces(
             lambda x, n: (type(x), jax.typeof(x), n), seed=0
         ),
+        "in a quiz drawn for this check (the next check draws another)",
         "so you predict a retrace, but jit reused an earlier trace: your key includes "
         "something jit's key does not",
     ),
@@ -321,6 +335,7 @@ MISTAKES = [
         lambda: ex1.check_finite_grad(ex1.bump),
         "gradient on the grid has 5 entries whose nan/inf does not match the reference "
         "(first at index (52,): got nan, expected 0.0) [x = -0.01]",
+        "the gradient is not finite for tiny x > 0 (the right end of part (a))",
     ),
     Mistake(
         "ch1-threshold-0.3",
@@ -349,6 +364,7 @@ MISTAKES = [
             lambda v: {"x": jnp.cumsum(v) - jnp.roll(v, -1), "s": jnp.vdot(_WEIGHTS, v)}
         ),
         "your_transpose(v0)['x'] differs from the reference at index (",
+        _X_PART_HINT,
     ),
     Mistake(
         "ch2-x-part-hint",
@@ -358,8 +374,8 @@ MISTAKES = [
                 "s": jnp.vdot(_WEIGHTS, v),
             }
         ),
-        "the 'x' part is wrong: transpose cumsum and roll(x, 1) one at a time and check each "
-        "with linear.dot_product_test",
+        "your_transpose(v0)['x'] differs from the reference at index (",
+        _X_PART_HINT,
     ),
     Mistake(
         "ch2-jax-transpose",
@@ -442,11 +458,8 @@ MISTAKES = [
         "ch3-loose-tolerance",
         _loose_tolerance_check,
         "gradient at b = 1 × b0 differs from the reference at index (",
-    ),
-    Mistake(
-        "ch3-loose-tolerance-fix",
-        _loose_tolerance_check,
-        "an error far above that residual does not come from the solve",
+        "compare it with the residual in your solve's SolverInfo; an error far above "
+        "that residual does not come from the solve",
     ),
     Mistake(
         "ch3-sqrtm-tuple",
@@ -469,11 +482,20 @@ MISTAKES = [
     Mistake(
         "ch4-all-invariant",
         lambda: ch4.check_predict_vma({e: set() for e in ch4.VMA_EXPRESSIONS}),
+        "a * w: you predicted {}, the explainer says {data}",
         "a + b: you predicted {}, the explainer says {data,model}",
     ),
     Mistake(
         "ch4-all-gather-invariant",
-        lambda: ch4.check_predict_vma({e: set() for e in ch4.VMA_EXPRESSIONS}),
+        # the other four right, only all_gather's result predicted invariant
+        lambda: ch4.check_predict_vma(
+            {
+                **{e: set() for e in ch4.VMA_EXPRESSIONS},
+                "a * w": {"data"},
+                "a + b": {"data", "model"},
+                "psum(a * b, 'data')": {"model"},
+            }
+        ),
         "all_gather(a, 'data') + w: you predicted {}, the explainer says {data}",
     ),
     Mistake(
@@ -495,13 +517,17 @@ MISTAKES = [
     Mistake(
         "ch5-no-cross-term",
         lambda: ex5.check_fl_multiply(_fl_multiply_no_cross),
-        "your Laplacian is u*lv + v*lu: it misses the cross term 2 (grad u . grad v), summed over the d inputs",
+        "at point 0: the Laplacian differs from the reference at index (",
+        "your Laplacian is u*lv + v*lu: it misses the cross term 2 (grad u . grad v), "
+        "summed over the d inputs",
     ),
     Mistake(
         "ch5-sign",
         lambda: ex5.check_row_update_second_derivative(
             _row_second_derivative_wrong_sign
         ),
+        "for n = 3, row 0: answer differs from the reference: got 2.70507123 (float64), "
+        "expected -2.70507123 (float64)",
         "the sign is flipped: along a rank-one update of one row, log|det| is concave",
     ),
     Mistake(
@@ -509,6 +535,7 @@ MISTAKES = [
         lambda: ex5._check_variance(
             functools.partial(_sharded_variance, ddof="per-device"), False, 3
         ),
+        "walkers per device: the variance differs from the reference",
         "your variance is the mean of each device's own variance: the deviations must "
         "be taken from the mean over all walkers",
     ),
@@ -517,6 +544,7 @@ MISTAKES = [
         lambda: ex5._check_variance(
             functools.partial(_sharded_variance, ddof=1), False, 3
         ),
+        "walkers per device: the variance differs from the reference",
         "you divided by N - 1",
     ),
     Mistake(
@@ -540,7 +568,9 @@ MISTAKES = [
         lambda: ex5._check_variance(
             functools.partial(_sharded_variance, psum_grad=True), False, 3
         ),
-        "your gradient is 8 x the single-device gradient (8 devices): the device-count bug",
+        "walkers per device: the gradient['b1'] differs from the reference at index (",
+        "your gradient is 8 x the single-device gradient (8 devices): the device-count "
+        "bug",
     ),
     Mistake(
         "ch4-invariant-carry",
@@ -570,18 +600,29 @@ def comparable(quote: str) -> str:
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
 def test_guide_quotes_what_the_checker_prints(mistake):
+    """The quote is in the first message the student sees (:func:`first_message`);
+    a follow-up quote, if any, is in a later one."""
     feedback = mistake.check()
-    printed = normalized(str(feedback))
-    quote = comparable(mistake.quote)
     assert not feedback, (
         f"the checker accepted the mistaken answer of {mistake.name!r}: {feedback}"
     )
-    assert quote in printed, (
-        f"the checker no longer prints {quote!r}; it prints:\n{feedback}"
+    first = normalized(first_message(feedback))
+    assert comparable(mistake.quote) in first, (
+        f"the guide quotes {mistake.quote!r} for {mistake.name!r}, but the first "
+        f"message the student sees is:\n{first}\n(all of it:\n{feedback})"
     )
     assert mistake.quote in guide_text(), (
         f"instructor_guide.md does not quote {mistake.quote!r}, which the checker prints"
     )
+    if mistake.then:
+        later = normalized(" ".join(feedback.messages[1:]))
+        assert comparable(mistake.then) in later, (
+            f"the guide quotes {mistake.then!r} after the first message for "
+            f"{mistake.name!r}; the checker prints:\n{feedback}"
+        )
+        assert mistake.then in guide_text(), (
+            f"instructor_guide.md does not quote {mistake.then!r}"
+        )
 
 
 def test_guide_quotes_the_setup_check_fix():
@@ -888,7 +929,7 @@ def test_every_error_the_guide_names_is_on_its_chapter_page():
     source (a ``%%raises`` cell or its text) or in what its checkers print (quoted
     above), so the guide never names an error the page does not show."""
     text = GUIDE.read_text()
-    quoted = " ".join(m.quote for m in MISTAKES)
+    quoted = " ".join(f"{m.quote} {m.then}" for m in MISTAKES)
     for n, section in _chapter_sections(text).items():
         # Chapter 0 describes install failures that its page cannot show
         if n == 0:
