@@ -196,9 +196,9 @@ def validate_specs(
 
     Args:
         mesh: a ``jax.sharding.Mesh`` or a mapping ``{axis name: size}``.
-        specs: a pytree of ``PartitionSpec``s (``None`` leaves meaning ``P()``) that is
+        specs: a pytree of ``PartitionSpec`` values (``None`` leaves meaning ``P()``) that is
             a prefix of the pytree ``args``, as ``shard_map``'s ``in_specs``.
-        args: the arguments (arrays, ``ShapeDtypeStruct``s or anything ``np.shape``
+        args: the arguments (arrays, ``ShapeDtypeStruct`` values or anything ``np.shape``
             accepts); every leaf under a spec is checked with :func:`validate_spec`.
         what: the name used in error messages, suffixed ``[k]`` for the ``k``-th spec
             when there are several (keyword-only).
@@ -403,7 +403,7 @@ def explain_vma(
 ) -> VmaReport:
     """Trace ``f`` under ``jax.shard_map`` and report the varying axes of every value.
 
-    ``args`` are global arrays or ``jax.ShapeDtypeStruct``s; only their shapes and
+    ``args`` are global arrays or ``jax.ShapeDtypeStruct`` values; only their shapes and
     dtypes are used and nothing is computed (each is traced with the layout its spec
     names, so a mesh from ``jax.make_mesh`` with Explicit axes works too). With
     ``out_specs=None`` the results are inspected but not returned from ``shard_map``,
@@ -416,9 +416,9 @@ def explain_vma(
         f: the per-shard function traced inside ``jax.shard_map``; it takes one block
             per argument.
         mesh: the ``jax.sharding.Mesh`` to map over.
-        in_specs: ``shard_map``'s ``in_specs``: a pytree of ``PartitionSpec``s, a prefix
+        in_specs: ``shard_map``'s ``in_specs``: a pytree of ``PartitionSpec`` values, a prefix
             of ``args``.
-        *args: the global arguments (arrays or ``jax.ShapeDtypeStruct``s); only shapes
+        *args: the global arguments (arrays or ``jax.ShapeDtypeStruct`` values); only shapes
             and dtypes are used.
         out_specs: ``shard_map``'s ``out_specs``; ``None`` (the default) inspects the
             results without returning them from ``shard_map``.
@@ -492,9 +492,9 @@ def explain_transpose(
     Args:
         f: a linear per-shard function, traced inside ``jax.shard_map``.
         mesh: the ``jax.sharding.Mesh`` to map over.
-        in_specs: ``shard_map``'s ``in_specs``: a pytree of ``PartitionSpec``s, a prefix
+        in_specs: ``shard_map``'s ``in_specs``: a pytree of ``PartitionSpec`` values, a prefix
             of ``args``.
-        *args: the global arguments (arrays or ``jax.ShapeDtypeStruct``s); only shapes
+        *args: the global arguments (arrays or ``jax.ShapeDtypeStruct`` values); only shapes
             and dtypes are used.
 
     Returns:
