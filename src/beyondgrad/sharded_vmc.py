@@ -46,7 +46,7 @@ from jax.flatten_util import ravel_pytree
 
 from beyondgrad import _checks, compat
 from beyondgrad.forward_laplacian import forward_laplacian
-from beyondgrad.vmc import potential_energy
+from beyondgrad.vmc import _metropolis_step, potential_energy
 from beyondgrad.wavefunctions import Params
 
 __all__ = [
@@ -163,18 +163,7 @@ def metropolis(
     if axis_name is not None:
         key = jax.random.fold_in(key, lax.axis_index(axis_name))
     batch = jax.vmap(log_psi, in_axes=(None, 0))
-
-    def step(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
-        x, logp, accepted = carry
-        k_move, k_accept = jax.random.split(k)
-        proposal = x + step_size * jax.random.normal(k_move, x.shape, x.dtype)
-        logp_new = batch(params, proposal)
-        u = jax.random.uniform(k_accept, logp.shape, x.dtype)
-        ok = jnp.log(u) < 2.0 * (logp_new - logp)
-        x = jnp.where(ok[:, None, None], proposal, x)
-        logp = jnp.where(ok, logp_new, logp)
-        return (x, logp, accepted + jnp.mean(ok.astype(x.dtype))), None
-
+    step = _metropolis_step(batch, params, step_size)  # the move of vmc's chain
     zero = jnp.zeros((), walkers.dtype)
     if axis_name is not None:
         zero = compat.pcast_varying(zero, axis_name)  # the carry varies per device

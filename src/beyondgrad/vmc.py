@@ -383,6 +383,40 @@ def sample_walkers(
     return chain(params, walkers, key, jnp.asarray(step_size, walkers.dtype))
 
 
+def _metropolis_step(
+    batch_log_psi: Callable[[Params, jax.Array], jax.Array],
+    params: Params,
+    sigma: jax.Array | float,
+) -> Callable[[tuple, jax.Array], tuple[tuple, None]]:
+    """One Metropolis move of every walker, as a ``lax.scan`` step.
+
+    A Gaussian proposal :math:`x' = x + \\sigma\\,\\xi` is accepted with probability
+    :math:`\\min(1, |\\psi(x')|^2/|\\psi(x)|^2)`. The carry is ``(walkers (B, n, 3),
+    log|psi| (B,), summed acceptance rate)``; the step's input is a PRNG key.
+
+    Args:
+        batch_log_psi: ``log|psi|`` of a batch, ``(params, (B, n, 3)) -> (B,)``.
+        params: its parameters.
+        sigma: the proposal's standard deviation.
+
+    Returns:
+        ``step(carry, key) -> (carry, None)``.
+    """
+
+    def step(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
+        x, logp, accepted = carry
+        k_move, k_accept = jax.random.split(k)
+        proposal = x + sigma * jax.random.normal(k_move, x.shape, x.dtype)
+        logp_new = batch_log_psi(params, proposal)
+        u = jax.random.uniform(k_accept, logp.shape, x.dtype)
+        ok = jnp.log(u) < 2.0 * (logp_new - logp)
+        x = jnp.where(ok[:, None, None], proposal, x)
+        logp = jnp.where(ok, logp_new, logp)
+        return (x, logp, accepted + jnp.mean(ok.astype(x.dtype))), None
+
+    return step
+
+
 def _metropolis(get_log_psi: Callable[[], Callable], *, steps: int) -> Callable:
     def chain(
         params: Params, walkers: jax.Array, key: jax.Array, sigma: jax.Array
@@ -390,21 +424,7 @@ def _metropolis(get_log_psi: Callable[[], Callable], *, steps: int) -> Callable:
         log_psi = get_log_psi()
         _check_wavefunction(log_psi, params, walkers[0])  # at trace time only
         batch_log_psi = jax.vmap(log_psi, in_axes=(None, 0))
-
-        def step(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
-            x, logp, accepted = carry
-            k_move, k_accept = jax.random.split(k)
-            proposal = x + sigma * jax.random.normal(k_move, x.shape, x.dtype)
-            logp_new = batch_log_psi(params, proposal)
-            u = jax.random.uniform(k_accept, logp.shape, x.dtype)
-            ok = jnp.log(u) < 2.0 * (logp_new - logp)
-            x = jnp.where(ok[:, None, None], proposal, x)
-            return (
-                x,
-                jnp.where(ok, logp_new, logp),
-                accepted + jnp.mean(ok.astype(x.dtype)),
-            ), None
-
+        step = _metropolis_step(batch_log_psi, params, sigma)
         init = (walkers, batch_log_psi(params, walkers), jnp.zeros((), walkers.dtype))
         (x, _, accepted), _ = jax.lax.scan(step, init, jax.random.split(key, steps))
         return x, accepted / steps
