@@ -44,6 +44,7 @@ READER_MODULES = frozenset(
         ".vmc",
         ".sharded_vmc",
         ".wavefunctions",
+        ".all_electron",
         ".runtime",
         ".measure",
         ".raises",

@@ -14,8 +14,8 @@ spin up:
    h_i &= (r_i, \rho(r_i)),\quad h_{ij} = (r_i - r_j, \rho(r_i - r_j)),\quad
    \rho(v) = \sqrt{|v|^2 + 1},\\
    h_i &\leftarrow \tanh\big([h_i, \bar h_\uparrow, \bar h_\downarrow,
-        \overline{h_{i\cdot}}_\uparrow, \overline{h_{i\cdot}}_\downarrow] W + b\big),
-   \quad h_{ij} \leftarrow \tanh(h_{ij} V + c)\quad\text{(each layer)},\\
+        \overline{h_{i\cdot}}_\uparrow, \overline{h_{i\cdot}}_\downarrow] W + b\big),\\
+   h_{ij} &\leftarrow \tanh(h_{ij} V + c)\quad\text{(each layer)},\\
    \varphi^k_j(i) &= (h_i W^k_\sigma)_j\, e^{-\sigma^k_j \rho(r_i)},\quad
    \log|\psi| = \log\Big|\sum_k \det\varphi^k_\uparrow \det\varphi^k_\downarrow\Big|,
 
@@ -27,9 +27,9 @@ PsiFormer-like (:func:`psiformer_log_psi`): an embedding
 self-attention over the electrons with layer norm,
 
 .. math::
-   h \leftarrow h + \mathrm{softmax}\big(\mathrm{LN}(h)W_q\,(\mathrm{LN}(h)W_k)^T
-        /\sqrt{e}\big)\,\mathrm{LN}(h)W_v W_o,\quad
-   h \leftarrow h + \tanh(\mathrm{LN}(h) W_1) W_2,
+   A &= \mathrm{softmax}\big(\mathrm{LN}(h)W_q\,(\mathrm{LN}(h)W_k)^T/\sqrt{e}\big),\\
+   h &\leftarrow h + A\,\mathrm{LN}(h)W_v W_o,\\
+   h &\leftarrow h + \tanh(\mathrm{LN}(h) W_1) W_2,
 
 and ``K`` full ``n × n`` determinants of :math:`(h_i W^k)_j e^{-\sigma^k_j\rho(r_i)}`.
 
