@@ -707,7 +707,7 @@ SLATER_BAD_INPUT = [
         "FermiNet-style orbitals",
         lambda m: slater.slater_laplacian(_ferminet_like, jnp.ones((4, 3))),
         ValueError,
-        r"read all electrons .* method='loop'.* forward_laplacian",
+        r"read all electrons .* forward_laplacian.* method='loop'",
     ),
     (
         "row_formula shapes",

@@ -652,7 +652,7 @@ def test_folx_failures_are_what_folx_does_on_this_jax():
             except Exception:
                 works = False
             assert (name in failures) == (not works), name
-    with pytest.raises(ValueError) as info:
+    with jax.enable_x64(True), pytest.raises(ValueError) as info:
         slater.slater_laplacian(_ferminet_like, _positions())
     hint = str(info.value)
     for name in failures:

@@ -282,9 +282,9 @@ def ch1_concrete_array_class() -> str:
 
 
 @_probe(
-    CH1,
-    "Reverse mode is linearize + transpose, until it is not",
-    "grad of a pure_callback (no JVP rule)",
+    CH2,
+    "Why reverse mode needs forward rules",
+    "grad of a pure_callback (its JVP rule raises)",
 )
 def ch1_pure_callback_grad() -> str:
     import jax
@@ -566,7 +566,7 @@ def seed001_linearize_transpose_with_cast() -> str:
 
 @_probe(
     CH3,
-    "How the API got its shape",
+    "Aside: how the API got its shape",
     "jax#1448: custom_root whose solve closes over traced values, under jit and grad",
 )
 def seed002_custom_root_closure_jit() -> str:
@@ -619,7 +619,7 @@ def custom_root_int_aux() -> str:
 
 @_probe(
     CH3,
-    "How the API got its shape",
+    "Aside: how the API got its shape",
     "custom_root with tangent_solve=None, called without any differentiation",
 )
 def seed002_custom_root_tangent_solve_none() -> str:
