@@ -725,7 +725,7 @@ def test_reader_problems_finds_each_kind():
              "source": "x", "outputs": []},
             {"cell_type": "code", "metadata": {}, "source": "f()", "outputs": [
                 {"output_type": "stream", "name": "stdout",
-                 "text": "bwd_flat = 4.99\nloss = 0.63\n"},
+                 "text": "loss = 0.63\nbwd_flat = 4.99\n"},
                 {"output_type": "stream", "name": "stderr",
                  "text": "at /usr/lib/python3/site-packages/jax/_src/x.py:3\n"
                          "TRACING CACHE MISS at 3738211955.py:9:11\n"},

@@ -772,10 +772,16 @@ def reader_cell(cell):
     * tagged ``remove-input`` (the page shows its output, a table drawn from recorded
       data, and hides its code): a collapsed Colab form, so the notebook shows what the
       page shows without the build's code;
-    * any other cell as it is (``remove-output`` hides a widget from the static page;
-      in a notebook the widget is the point).
+    * any other cell as it is, without a ``remove-output`` tag (it hides a widget from
+      the static page; in a notebook the widget is the point).
     """
     tags = cell.metadata.get("tags", [])
+    if "remove-output" in tags:  # an instruction to the page only: the cell stays whole
+        tags = [t for t in tags if t != "remove-output"]
+        if tags:
+            cell.metadata["tags"] = tags
+        else:
+            del cell.metadata["tags"]
     if cell.cell_type != "code" or not (set(tags) & set(BUILD_ONLY_TAGS)):
         return cell
     if is_solution(cell):

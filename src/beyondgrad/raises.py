@@ -50,7 +50,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 #: Names that IPython and ipykernel give cells in messages (machine-specific paths):
 #: ``/tmp/ipykernel_123/3738211955.py``, its file name alone, ``<ipython-input-4-…>``.
 _CELL_FILE = re.compile(
-    r"(?:\S*/ipykernel_\d+/|(?<![\w/.]))\d{6,}\.py\b|<ipython-input-[\w-]+>"
+    r"(?:(?:\S*/)?ipykernel_\d+/|(?<![\w/.]))\d{6,}\.py\b|<ipython-input-[\w-]+>"
 )
 #: The folder part of an installed package's path (``…/site-packages/``) or of this
 #: package's source tree (``…/src/`` before ``beyondgrad/``).
