@@ -810,6 +810,7 @@ class RaisingFrames:
         lines = textwrap.wrap(head, self.width, subsequent_indent="  ") or [head]
         for fr in self.frames:
             where = f"{Path(fr.filename).parent.name}/{Path(fr.filename).name}"
+            where = readable_paths(where)  # a notebook cell's temp file: <cell>
             lines.append(cut(f"  {where}:{fr.lineno} in {fr.name}"))
             if fr.line:
                 lines.append(cut(f"      {fr.line.strip()}"))
