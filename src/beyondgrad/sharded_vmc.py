@@ -46,7 +46,12 @@ from jax.flatten_util import ravel_pytree
 
 from beyondgrad import _checks, compat
 from beyondgrad.forward_laplacian import forward_laplacian
-from beyondgrad.vmc import _metropolis_step, potential_energy
+from beyondgrad.vmc import (
+    _check_log_psi,
+    _check_walkers,
+    _metropolis_step,
+    potential_energy,
+)
 from beyondgrad.wavefunctions import Params
 
 __all__ = [
@@ -81,30 +86,6 @@ def _check_axis_name(axis_name: object) -> None:
             "axis_name must be None (one device) or the name of the mesh axis the "
             f"walkers are split over, e.g. 'data'; got {type(axis_name).__name__}"
         )
-
-
-def _check_walkers(walkers: Any) -> jax.Array:
-    walkers = jnp.asarray(walkers)
-    if walkers.ndim != 3 or walkers.shape[2] != 3:
-        raise ValueError(
-            f"walkers must have shape (batch, n, 3), got {walkers.shape} (one "
-            "configuration? add a batch axis: walkers[None])"
-        )
-    if not jnp.issubdtype(walkers.dtype, jnp.floating):
-        raise TypeError(
-            f"walkers must be floating-point, got dtype {walkers.dtype} (cast with "
-            ".astype(jnp.float32))"
-        )
-    return walkers
-
-
-def _check_log_psi(log_psi: object) -> None:
-    _checks.function(
-        log_psi,
-        "log_psi",
-        "a function log_psi(params, positions (n, 3)) -> scalar",
-        example="wavefunctions.mlp_log_psi",
-    )
 
 
 def _total(x: jax.Array, axis_name: str | None) -> jax.Array:
