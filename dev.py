@@ -583,7 +583,8 @@ def cmd_typecheck(py: Path) -> int:
 #: How the whole suite runs: one pytest worker per core (pytest-xdist), and a worker
 #: that finishes early takes queued tests from the others (the student notebooks and the
 #: benchmark checks run tens of seconds each, most tests well under one).
-PARALLEL = ["-n", "auto", "--dist", "worksteal"]
+#: ``--durations`` prints the 30 slowest test phases, so a CI log says where its time went.
+PARALLEL = ["-n", "auto", "--dist", "worksteal", "--durations=30"]
 
 
 def cmd_test(

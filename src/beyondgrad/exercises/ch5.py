@@ -441,9 +441,12 @@ def _largest(tree: Any) -> float:
 def _variance_hints(got: Any, ref: dict[str, Any], count: int) -> list[str]:
     """What a wrong variance most likely is, and what to change."""
     try:
-        value = float(np.asarray(got, np.float64))
+        array = np.asarray(got, np.float64)
     except (TypeError, ValueError):
         return []
+    if array.shape != ():
+        return []  # the shape message already says what is wrong
+    value = float(array)
     near = lambda a, b: abs(a - b) <= 1e-6 * (1 + abs(b))  # noqa: E731
     if near(value, float(ref["kinetic_only"])):
         return [
