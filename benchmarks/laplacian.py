@@ -112,8 +112,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from beyondgrad import all_electron, measure, slater, vmc, wavefunctions
 from beyondgrad import laplacian as L
-from beyondgrad import measure, slater, vmc, wavefunctions
 
 T0 = time.perf_counter()
 RECORD = (
@@ -704,6 +704,228 @@ def print_targets(results: list[dict]) -> None:
                 )
 
 
+# --------------------------------------------------------------------------- all-electron
+
+
+#: The all-electron family (issue 35 item 3): orbitals that read every electron, where
+#: the row formula of slater_laplacian does not apply; ``beyondgrad.all_electron``'s
+#: models at their default sizes.
+ALL_ELECTRON: dict[str, tuple[Callable, Callable]] = {
+    "ferminet": (all_electron.init_ferminet, all_electron.ferminet_log_psi),
+    "psiformer": (all_electron.init_psiformer, all_electron.psiformer_log_psi),
+}
+#: folx's README recommends sparsity_threshold=6 for FermiNet and PsiFormer; 0 is dense
+ALL_ELECTRON_FOLX = (0, 6)
+#: issue 35 item 4, for forward_laplacian (the best of its settings); upper bounds
+ALL_ELECTRON_TARGETS = {
+    "ratio_folx_best": 1.0,  # at n = 16, 32, 64
+    "ratio_folx_best_n64": 0.7,  # at n = 64
+    "temp_ratio_folx": 1.0,  # compiled temporary bytes, vs folx-best's
+    "compile_ratio_folx": 1.0,  # compile seconds, vs folx-best's
+}
+THE_ENGINE = "forward_laplacian"
+
+
+def engine_settings() -> dict[str, dict]:
+    """The forward Laplacian's settings on this engine: dense, and with particle
+    sparsity where ``forward_laplacian`` takes ``particles`` (method name -> kwargs)."""
+    import inspect
+
+    from beyondgrad import forward_laplacian as fl
+
+    settings = {THE_ENGINE: {}}
+    if "particles" in inspect.signature(fl.forward_laplacian).parameters:
+        settings[f"{THE_ENGINE}(particles)"] = {"particles": None}  # n, filled in
+    return settings
+
+
+def compiled_facts(jitted: Callable, *args) -> dict:
+    """Compile ``jitted`` for ``args`` once: ``compile_s`` (wall seconds to trace, lower
+    and compile), ``temp_bytes`` (XLA's planned temporaries) and ``flops`` (XLA's cost
+    analysis), ``None`` where the backend does not report one."""
+    t0 = time.perf_counter()
+    compiled = jitted.lower(*args).compile()  # type: ignore[attr-defined]
+    seconds = time.perf_counter() - t0
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) and cost else cost
+    return {
+        "compile_s": seconds,
+        "temp_bytes": getattr(memory, "temp_size_in_bytes", None),
+        "flops": None if not cost or "flops" not in cost else float(cost["flops"]),
+    }
+
+
+def all_electron_fns(model: str, n: int) -> dict[str, Callable]:
+    """name -> f(params, positions (n, 3)) returning (∇log|ψ| (3n,), Δlog|ψ|), each
+    method called as its users call it on a function of the flat 3n coordinates."""
+    import folx
+
+    from beyondgrad import forward_laplacian as fl
+
+    log_psi = ALL_ELECTRON[model][1]
+
+    def flat_of(params):
+        return lambda v: log_psi(params, v.reshape(n, 3))
+
+    def engine(kwargs):
+        def fn(params, pos):
+            kw = {k: (n if v is None else v) for k, v in kwargs.items()}
+            _, jac, lap = fl.forward_laplacian(flat_of(params), pos.reshape(-1), **kw)
+            return jac, lap
+
+        return fn
+
+    def folx_direct(sparsity):
+        def fn(params, pos):
+            out = folx.forward_laplacian(flat_of(params), sparsity_threshold=sparsity)(
+                pos.reshape(-1)
+            )
+            return out.jacobian.dense_array, out.laplacian
+
+        return fn
+
+    def generic(method):
+        def fn(params, pos):
+            return L.grad_and_laplacian(flat_of(params), pos.reshape(-1), method=method)
+
+        return fn
+
+    fns = {name: engine(kw) for name, kw in engine_settings().items()}
+    fns.update({f"folx(s={s})": folx_direct(s) for s in ALL_ELECTRON_FOLX})
+    fns["hessian"] = generic("hessian")
+    fns["vmap"] = generic("vmap")
+    return fns
+
+
+def run_all_electron(
+    models, sizes, batch: int, repeats: int, budget_s: float
+) -> list[dict]:
+    """One row per model, n and method: times (min, median over interleaved repeats),
+    compile seconds, compiled temporary bytes and flops, float32 error against the
+    float64 ``vmap`` method (forward over reverse mode, JAX's own derivatives)."""
+    rows = []
+    for model in models:
+        too_slow: set[str] = set()
+        init, log_psi = ALL_ELECTRON[model]
+        for n in sizes:
+            params = init(jax.random.key(n), n)
+            walkers = jax.random.normal(
+                jax.random.key(300 + n), (batch, n, 3), jnp.float32
+            )
+            fns = {
+                k: f for k, f in all_electron_fns(model, n).items() if k not in too_slow
+            }
+            with jax.enable_x64(True):
+                p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
+                ref_fn = jax.jit(
+                    jax.vmap(all_electron_fns(model, n)["vmap"], in_axes=(None, 0))
+                )
+                ref = np.asarray(ref_fn(p64, walkers.astype(jnp.float64))[1])
+            jitted = {"log|psi|": jax.jit(jax.vmap(log_psi, in_axes=(None, 0)))}
+            jitted.update(
+                {k: jax.jit(jax.vmap(f, in_axes=(None, 0))) for k, f in fns.items()}
+            )
+            facts = {k: compiled_facts(f, params, walkers) for k, f in jitted.items()}
+            timings = measure.time_calls(
+                [(f, (params, walkers)) for f in jitted.values()], repeats=repeats
+            )
+            t = dict(zip(jitted, timings))
+            folx_best = min(t[k].min for k in jitted if k.startswith("folx("))
+            for name, f in jitted.items():
+                err = (
+                    None
+                    if name == "log|psi|"
+                    else relative_error(f(params, walkers)[1], ref)
+                )
+                rows.append(
+                    {
+                        "family": model,
+                        "n": n,
+                        "method": name,
+                        "min_ms": 1e3 * t[name].min,
+                        "median_ms": 1e3 * t[name].median,
+                        "ratio_log_psi": t[name].min / t["log|psi|"].min,
+                        "ratio_folx_best": t[name].min / folx_best,
+                        **facts[name],
+                        "rel_err": err,
+                    }
+                )
+                if t[name].median * repeats > budget_s:
+                    too_slow.add(name)
+            print(
+                f"  done: {model} n = {n} ({time.perf_counter() - T0:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return rows
+
+
+def _best(rows: list[dict], family: str, n: int, prefix: str) -> dict | None:
+    """The fastest (by minimum) row of ``family`` at ``n`` whose method starts with
+    ``prefix``."""
+    mine = [
+        r
+        for r in rows
+        if (r["family"], r["n"]) == (family, n) and r["method"].startswith(prefix)
+    ]
+    return min(mine, key=lambda r: r["min_ms"]) if mine else None
+
+
+def check_all_electron_targets(rows: list[dict]) -> list[dict]:
+    """One dict per model and n: the forward Laplacian's best setting against folx's
+    best (time, compiled temporary bytes, compile time) and ``pass`` per target."""
+    results = []
+    for family, n in dict.fromkeys((r["family"], r["n"]) for r in rows):
+        mine = _best(rows, family, n, THE_ENGINE)
+        folx_best = _best(rows, family, n, "folx(")
+        if mine is None or folx_best is None:
+            continue
+        res = {
+            "family": family,
+            "n": n,
+            "method": mine["method"],
+            "folx_method": folx_best["method"],
+            "min_ms": mine["min_ms"],
+            "folx_best_ms": folx_best["min_ms"],
+            "ratio_folx_best": mine["min_ms"] / folx_best["min_ms"],
+            "temp_ratio_folx": _ratio(mine["temp_bytes"], folx_best["temp_bytes"]),
+            "compile_ratio_folx": mine["compile_s"] / folx_best["compile_s"],
+        }
+        limits = dict(ALL_ELECTRON_TARGETS)
+        if n != 64:
+            limits.pop("ratio_folx_best_n64")
+        res["ratio_folx_best_n64"] = res["ratio_folx_best"] if n == 64 else None
+        res["pass"] = {k: res[k] <= v for k, v in limits.items() if res[k] is not None}
+        results.append(res)
+    return results
+
+
+def print_all_electron(rows: list[dict], checks: list[dict]) -> None:
+    """The all-electron table (one line per method) and its targets."""
+    print(
+        f"\n{'model':<10} {'n':>3} {'method':<30} {'min ms':>9} {'median ms':>10} "
+        f"{'/folx-best':>10} {'compile s':>9} {'temp MiB':>9} {'rel err':>9}"
+    )
+    for r in rows:
+        err = "" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
+        temp = "n/a" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.2f}"
+        print(
+            f"{r['family']:<10} {r['n']:>3} {r['method']:<30} {r['min_ms']:>9.3f} "
+            f"{r['median_ms']:>10.3f} {r['ratio_folx_best']:>10.3f} "
+            f"{r['compile_s']:>9.2f} {temp:>9} {err:>9}"
+        )
+    limits = ", ".join(f"{k} <= {v:g}" for k, v in ALL_ELECTRON_TARGETS.items())
+    print(f"\ntargets for {THE_ENGINE}, its best setting ({limits})")
+    for c in checks:
+        marks = ", ".join(
+            f"{k} {c[k]:.2f} {'PASS' if ok else 'MISS'}" for k, ok in c["pass"].items()
+        )
+        print(
+            f"  {c['family']:<10} n = {c['n']:>3} ({c['method']} vs {c['folx_method']}): {marks}"
+        )
+
+
 def machine() -> str:
     dev = jax.devices()[0]
     import os
@@ -714,6 +936,54 @@ def machine() -> str:
         else os.cpu_count()
     )
     return f"{platform.processor() or platform.machine()}, {cores} cores available, {dev.platform} ({dev.device_kind})"
+
+
+def main_all_electron(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    repeats: int,
+    budget: float,
+    folx_version: str,
+    load_start: float,
+) -> int:
+    """``--all-electron``: run, print and (``--record``) add to the record under
+    ``"all_electron"``, leaving the single-particle results as they are."""
+    t0 = time.perf_counter()
+    sizes = args.sizes or [16, 32, 64]
+    models = args.models or list(ALL_ELECTRON)
+    rows = run_all_electron(models, sizes, args.batch, repeats, budget)
+    checks = check_all_electron_targets(rows)
+    print_all_electron(rows, checks)
+    duration = time.perf_counter() - t0
+    print(f"\ntotal {duration:.0f} s")
+    if args.record:
+        command = "python benchmarks/laplacian.py " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
+        record = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+        record["all_electron"] = {
+            "command": command.strip(),
+            "machine": machine(),
+            "jax": jax.__version__,
+            "folx": folx_version,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "duration_s": round(duration, 1),
+            "batch": args.batch,
+            "repeats": repeats,
+            "dtype": "float32",
+            "walkers": "standard normal positions (the cost does not depend on them)",
+            "targets": ALL_ELECTRON_TARGETS,
+            "note": (
+                f"1-minute load average {load_start:.2f} at the start and "
+                f"{os.getloadavg()[0]:.2f} at the end; OPENBLAS_NUM_THREADS="
+                f"{os.environ.get('OPENBLAS_NUM_THREADS')}; ratios use the minimum"
+            ),
+            "rows": rows,
+            "target_checks": checks,
+        }
+        RECORD.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {RECORD}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -747,9 +1017,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--record", action="store_true", help=f"write the results to {RECORD.name}"
     )
+    ap.add_argument(
+        "--all-electron",
+        action="store_true",
+        help="the all-electron family (FermiNet-like, PsiFormer-like models) alone, "
+        "n in 16 32 64 (--sizes overrides); --record writes its part of the record",
+    )
+    ap.add_argument(
+        "--models", nargs="*", choices=sorted(ALL_ELECTRON), help="default: both"
+    )
     args = ap.parse_args(argv)
     jax.config.update("jax_enable_x64", False)
-    sizes = args.sizes or ([8, 16, 32] if args.quick else [8, 16, 32, 64])
+    default_sizes = [16, 32, 64] if args.all_electron else [8, 16, 32, 64]
+    sizes = args.sizes or ([8, 16, 32] if args.quick else default_sizes)
     repeats = args.repeats or (5 if args.quick else 9)
     steps = args.steps or (200 if args.quick else 1000)
     families = args.families or list(FAMILIES)
@@ -768,6 +1048,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0]
     budget = args.budget if args.budget is not None else (0.5 if args.quick else 4.0)
+    if args.all_electron:
+        return main_all_electron(args, argv, repeats, budget, folx_version, load_start)
     rows, parts, bounds, extra = run(
         families, sizes, args.batch, repeats, steps, budget, skip
     )

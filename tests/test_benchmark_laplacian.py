@@ -209,3 +209,108 @@ def test_check_targets_reads_the_rows(bench, capsys):
         assert column in header
     assert "0.40 PASS" in out and "0.60 MISS" in out
     assert "4.00 MISS" in out  # the growth exponent
+
+
+@pytest.mark.parametrize(
+    "model, methods",
+    [("ferminet", None), ("psiformer", ("forward_laplacian", "folx(s=0)"))],
+)
+def test_all_electron_methods_agree_with_float64_hessian(bench, model, methods):
+    """Every method of the all-electron table (the engine, folx dense and sparse, the
+    Hessian) against jax.grad and the float64 Hessian trace, at n = 3 (the methods are
+    wired the same for both models: the second checks two, the compile is long)."""
+    n = 3
+    init, log_psi = bench.ALL_ELECTRON[model]
+    with jax.enable_x64(True):
+        params = init(jax.random.key(n), n, dtype=jnp.float64)
+        pos = 0.7 * jax.random.normal(jax.random.key(1), (n, 3), jnp.float64)
+        flat = lambda v: log_psi(params, v.reshape(n, 3))  # noqa: E731
+        want_g = jax.grad(flat)(pos.reshape(-1))
+        want = jnp.trace(jax.hessian(flat)(pos.reshape(-1)))
+        fns = bench.all_electron_fns(model, n)
+        assert {"forward_laplacian", "folx(s=0)", "folx(s=6)", "hessian"} <= set(fns)
+        for name, fn in fns.items():
+            if methods is not None and name not in methods:
+                continue
+            g, lap = jax.jit(fn)(params, pos)
+            np.testing.assert_allclose(
+                np.asarray(g), np.asarray(want_g), rtol=1e-9, atol=1e-11, err_msg=name
+            )
+            np.testing.assert_allclose(float(lap), float(want), rtol=1e-9, err_msg=name)
+
+
+def test_all_electron_run_record_and_targets(bench, tmp_path, monkeypatch, capsys):
+    """--all-electron adds its rows and target checks to the record (the single-particle
+    part is kept); each row has compile time, temporary bytes and flops."""
+    path = tmp_path / "laplacian_benchmark.json"
+    path.write_text(json.dumps({"rows": ["kept"]}))
+    monkeypatch.setattr(bench, "RECORD", path)
+    every = bench.all_electron_fns
+    kept = ("forward_laplacian", "folx(s=0)", "vmap")  # the rest is compiled above
+    monkeypatch.setattr(
+        bench,
+        "all_electron_fns",
+        lambda model, n: {k: f for k, f in every(model, n).items() if k in kept},
+    )
+    bench.main(
+        ["--all-electron", "--models", "ferminet", "--sizes", "3", "--repeats", "1"]
+        + ["--record"]
+    )
+    record = json.loads(path.read_text())
+    assert record["rows"] == ["kept"]
+    part = record["all_electron"]
+    rows = part["rows"]
+    assert {r["method"] for r in rows} == {"log|psi|", *kept}
+    for r in rows:
+        assert r["compile_s"] > 0 and r["min_ms"] > 0 and r["flops"] > 0, r
+        assert r["temp_bytes"] is None or r["temp_bytes"] >= 0
+        if r["rel_err"] is not None:
+            assert r["rel_err"] < 1e-4, r  # float32 against float64
+    (check,) = part["target_checks"]
+    assert check["method"].startswith(bench.THE_ENGINE)
+    assert check["folx_method"].startswith("folx(")
+    assert check["ratio_folx_best"] == pytest.approx(
+        check["min_ms"] / check["folx_best_ms"]
+    )
+    assert "ratio_folx_best_n64" not in check["pass"]  # stated at n = 64 only
+    assert set(check["pass"]) <= set(bench.ALL_ELECTRON_TARGETS)
+    assert "targets for forward_laplacian" in capsys.readouterr().out
+
+
+def test_all_electron_targets_read_the_best_settings(bench):
+    """The target check compares the engine's fastest setting with folx's fastest."""
+    row = dict(temp_bytes=100, compile_s=2.0, flops=1.0, rel_err=0.0)
+    rows = [
+        {"family": "m", "n": 64, "method": "forward_laplacian", "min_ms": 9.0, **row},
+        {
+            "family": "m",
+            "n": 64,
+            "method": "forward_laplacian(particles)",
+            "min_ms": 3.0,
+            **row,
+        },
+        {"family": "m", "n": 64, "method": "folx(s=0)", "min_ms": 8.0, **row},
+        {
+            "family": "m",
+            "n": 64,
+            "method": "folx(s=6)",
+            "min_ms": 5.0,
+            **row,
+        },
+        {"family": "m", "n": 64, "method": "hessian", "min_ms": 1.0, **row},
+    ]
+    (c,) = bench.check_all_electron_targets(rows)
+    assert (c["method"], c["folx_method"]) == (
+        "forward_laplacian(particles)",
+        "folx(s=6)",
+    )
+    assert c["ratio_folx_best"] == pytest.approx(0.6)
+    assert c["pass"] == {
+        "ratio_folx_best": True,
+        "ratio_folx_best_n64": True,
+        "temp_ratio_folx": True,
+        "compile_ratio_folx": True,
+    }
+    rows[1]["min_ms"] = 4.0
+    (c,) = bench.check_all_electron_targets(rows)
+    assert c["pass"]["ratio_folx_best"] and not c["pass"]["ratio_folx_best_n64"]

@@ -1009,8 +1009,15 @@ def _python_loop_never_ends() -> str:
         while True:
             x = x + 1
 
-    with exercises.time_limit(10):
-        return exercises.failed(exercises.call_answer(endless, 1.0))
+    # the guide quotes the 10 s limit; the limit is not stretched here (on a loaded CI
+    # machine it waits up to 6 times as long, a minute, for the same message)
+    stretch = exercises._MAX_STRETCH
+    exercises._MAX_STRETCH = 1
+    try:
+        with exercises.time_limit(10):
+            return exercises.failed(exercises.call_answer(endless, 1.0))
+    finally:
+        exercises._MAX_STRETCH = stretch
 
 
 def _compiled_loop_message() -> str:

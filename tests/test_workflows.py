@@ -192,7 +192,8 @@ def test_whole_suite_runs_in_parallel_workers(monkeypatch, rc):
     monkeypatch.setattr(dev.subprocess, "run", run)
     py = Path("/venv/bin/python")
     assert dev.cmd_test(py, [], dev.build_dir("newest")) == rc
-    assert calls == [[str(py), "-m", "pytest", "-n", "auto", "--dist", "worksteal"]]
+    assert calls == [[str(py), "-m", "pytest", *dev.PARALLEL]]
+    assert dev.PARALLEL[:4] == ["-n", "auto", "--dist", "worksteal"]
 
 
 def test_xdist_is_a_requirement():
