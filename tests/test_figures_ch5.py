@@ -149,8 +149,12 @@ def test_series_are_sorted_by_n_and_skip_missing_values():
 
 def test_describe_benchmark_names_command_machine_and_versions():
     assert figs.describe_benchmark(record()) == (
-        "`python benchmarks/laplacian.py --record` on cpu x2, JAX 0.12.0, folx 0.2.30, "
-        "recorded 2026-11-22"
+        "benchmarks/laplacian.py of the book's repository (its default options) on "
+        "cpu x2, JAX 0.12.0, folx 0.2.30, recorded 2026-11-22"
+    )
+    data = record(command="python benchmarks/laplacian.py --all-electron --record")
+    assert figs.describe_benchmark(data).startswith(
+        "benchmarks/laplacian.py of the book's repository (options --all-electron) on"
     )
 
 

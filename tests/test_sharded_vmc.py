@@ -238,3 +238,44 @@ def test_collectives_in_lists_psum_and_all_gather():
 def test_bad_input(call, exc, words):
     with pytest.raises(exc, match=words.replace("(", r"\(").replace(")", r"\)")):
         call()
+
+
+def test_uncast_per_walker_grads_behave_as_chapter_6_says_on_this_jax(problem):
+    """Chapter 6.5 states what vmap(grad) with respect to invariant parameters does
+    at each end of the supported range: JAX 0.8.2 raises a TypeError, JAX 0.12 returns
+    for each local walker the sum over devices of the gradients at its local index.
+    Run on both CI ends, this checks the sentence for the running JAX."""
+    from pathlib import Path
+
+    from packaging.version import Version
+
+    params, walkers = problem
+    text = " ".join(
+        (Path(__file__).resolve().parents[1] / "chapters" / "06_sharded_vmc.md")
+        .read_text()
+        .split()
+    )
+
+    def uncast(p, w):
+        g = jax.vmap(jax.grad(LOG_PSI), in_axes=(None, 0))(p, w)
+        return jax.vmap(lambda t: ravel_pytree(t)[0])(g)
+
+    with jax.enable_x64(True):
+        ref = jax.jit(uncast)(params, walkers)
+        try:
+            got = shard(uncast, (P(), P("data")), P("data"))(params, walkers)
+        except TypeError:
+            outcome = "raises"
+        else:
+            blocks = np.asarray(ref).reshape(D, -1, ref.shape[-1])
+            summed = np.tile(blocks.sum(axis=0), (D, 1))
+            np.testing.assert_allclose(np.asarray(got), summed, rtol=1e-12, atol=1e-12)
+            assert rel(got, ref) > 0.1  # silently wrong, not close
+            outcome = "sums"
+    version = Version(jax.__version__)
+    if version.release[:3] == (0, 8, 2):
+        assert outcome == "raises"
+        assert "(JAX 0.8.2, for instance) reject the program with a `TypeError`" in text
+    elif version >= Version("0.12"):
+        assert outcome == "sums"
+        assert "newer ones (JAX 0.12) accept it" in text

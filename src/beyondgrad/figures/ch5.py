@@ -244,15 +244,20 @@ def benchmark_series(
 
 
 def describe_benchmark(data: Mapping[str, Any]) -> str:
-    """Where the recorded numbers come from: command, machine, versions and date.
+    """Where the recorded numbers come from: the benchmark's options (the record's
+    ``command`` without its script and ``--record``: the script is in the book's
+    repository, not in a notebook's runtime), machine, versions and date.
 
     Optional keys of the record (``batch``, ``repeats``, ``dtype``, ``duration_s``,
     ``note``) are appended when present.
     """
     d = _check_record(dict(data), "data")
+    words = str(d["command"]).split()
+    options = [w for w in words[2:] if w != "--record"]  # after python <script>
+    how = f"options {' '.join(options)}" if options else "its default options"
     text = (
-        f"`{d['command']}` on {d['machine']}, JAX {d['jax']}, folx {d['folx']}, "
-        f"recorded {d['date']}"
+        f"benchmarks/laplacian.py of the book's repository ({how}) on "
+        f"{d['machine']}, JAX {d['jax']}, folx {d['folx']}, recorded {d['date']}"
     )
     setup = [
         f"{d[key]} {label}"
