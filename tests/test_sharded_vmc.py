@@ -210,6 +210,44 @@ def test_collectives_in_lists_psum_and_all_gather():
         sv.collectives_in("not a jaxpr")
 
 
+def test_collectives_in_counts_what_runs_in_loops_and_branches():
+    """A psum in a 10-step fori_loop runs 10 times; of a cond's branches the costlier
+    one is listed; a while_loop's trip count is unknown and pmax is not priced: both
+    refused with the reason."""
+
+    def looped(x):
+        return lax.fori_loop(0, 10, lambda i, c: c + lax.psum(c, "data"), x)
+
+    def branched(x):
+        big = lambda v: v + lax.psum(jnp.tile(v, 4), "data")[: v.shape[0]]  # noqa: E731
+        small = lambda v: v + lax.psum(v, "data")  # noqa: E731
+        return lax.cond(jnp.sum(x) > 0, big, small, x)
+
+    def whiled(x):
+        return lax.while_loop(
+            lambda c: c[0] < 3,
+            lambda c: (c[0] + 1, c[1] + lax.psum(jnp.sum(c[1]), "data")),
+            (0, x),
+        )[1]
+
+    def maxed(x):
+        return x + lax.pmax(x, "data")
+
+    spec = (P("data"), P("data"))
+    x = jnp.ones(16, jnp.float32)  # 2 elements, 8 bytes, per device
+    assert (
+        sv.collectives_in(jax.make_jaxpr(shard(looped, *spec))(x))
+        == [("all_reduce", 8)] * 10
+    )
+    assert sv.collectives_in(jax.make_jaxpr(shard(branched, *spec))(x)) == [
+        ("all_reduce", 32)
+    ]
+    with pytest.raises(ValueError, match="while_loop"):
+        sv.collectives_in(jax.make_jaxpr(shard(whiled, *spec))(x))
+    with pytest.raises(ValueError, match="'pmax'"):
+        sv.collectives_in(jax.make_jaxpr(shard(maxed, *spec))(x))
+
+
 @pytest.mark.parametrize(
     "call, exc, words",
     [

@@ -195,7 +195,8 @@ def clip_local_energies(
     r"""Clip local energies to :math:`m \pm` ``scale`` :math:`\cdot\,\mathrm{MAD}`.
 
     :math:`m` is the median of all walkers' energies (an ``all_gather`` inside
-    ``shard_map``: a median is not a sum of per-device parts) and MAD their mean
+    ``shard_map``: a median is not a sum of per-device parts, and gathering the values
+    is the simplest exact way) and MAD their mean
     absolute deviation from it, :math:`\frac1N\sum_b|E_L(x_b)-m|` (a ``pmean``), as
     FermiNet clips (its ``clip_local_values``). Near a node of :math:`\psi` the
     kinetic energy diverges; the clipped values bound its weight in the gradient.
@@ -363,12 +364,23 @@ def collective_bytes(kind: str, nbytes: int, devices: int) -> int:
     return 2 * one if kind == "all_reduce" else one
 
 
+#: collectives :func:`collectives_in` does not price (it refuses a program with one)
+_UNPRICED = frozenset({"pmax", "pmin", "ppermute", "all_to_all", "pbroadcast"})
+
+
+def _priced(found: list[tuple[str, int]]) -> int:
+    return sum(collective_bytes(kind, nbytes, 2) for kind, nbytes in found)
+
+
 def collectives_in(jaxpr: Any) -> list[tuple[str, int]]:
-    """The collectives of a ``shard_map`` body: ``(kind, full array bytes)`` each.
+    """The collectives a ``shard_map`` body runs: ``(kind, full array bytes)`` each.
 
     Walks ``jaxpr`` (from ``jax.make_jaxpr``) and its sub-jaxprs for the primitives
     of :data:`COLLECTIVES`. The bytes are what :func:`collective_bytes` takes: the
-    gathered output of an all-gather, the input of a sum.
+    gathered output of an all-gather, the input of a sum. What runs, not what is
+    written: a collective inside a ``scan`` (``fori_loop`` with static bounds,
+    ``lax.map``) is listed once per iteration; of a ``cond``'s branches, the one with
+    the most bytes is listed (one branch runs; this is the worst case).
 
     Args:
         jaxpr: a (closed) jaxpr.
@@ -378,6 +390,10 @@ def collectives_in(jaxpr: Any) -> list[tuple[str, int]]:
 
     Raises:
         TypeError: ``jaxpr`` is not a jaxpr.
+        ValueError: a collective inside a ``while_loop`` (its trip count is not known
+            when the program is traced: count the body and multiply by the
+            iterations you expect), or a collective this does not price
+            (``pmax``, ``pmin``, ``ppermute``, ``all_to_all``).
     """
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     if not hasattr(inner, "eqns"):
@@ -386,7 +402,13 @@ def collectives_in(jaxpr: Any) -> list[tuple[str, int]]:
         )
     found: list[tuple[str, int]] = []
     for eqn in inner.eqns:
-        kind = COLLECTIVES.get(eqn.primitive.name)
+        name = eqn.primitive.name
+        if name in _UNPRICED:
+            raise ValueError(
+                f"collectives_in prices all-gathers, reduce-scatters and all-reduces; "
+                f"the program has a {name!r}, which it does not price"
+            )
+        kind = COLLECTIVES.get(name)
         if kind is not None:
             avals = (
                 [v.aval for v in eqn.outvars]
@@ -395,9 +417,21 @@ def collectives_in(jaxpr: Any) -> list[tuple[str, int]]:
             )
             for aval in avals:
                 found.append((kind, math.prod(aval.shape) * aval.dtype.itemsize))
+        subs: list[list[tuple[str, int]]] = []
         for value in eqn.params.values():
-            subs = value if isinstance(value, (tuple, list)) else [value]
-            for sub in subs:
+            for sub in value if isinstance(value, (tuple, list)) else [value]:
                 if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
-                    found.extend(collectives_in(sub))
+                    subs.append(collectives_in(sub))
+        if name == "while" and any(subs):
+            raise ValueError(
+                "a collective inside a lax.while_loop: its trip count is not known "
+                "when the program is traced; count one iteration (collectives_in of "
+                "the body) and multiply by the iterations you expect"
+            )
+        if name == "cond" and subs:
+            found.extend(max(subs, key=_priced))
+        elif name == "scan":
+            found.extend([c for sub in subs for c in sub] * int(eqn.params["length"]))
+        else:
+            found.extend(c for sub in subs for c in sub)
     return found
