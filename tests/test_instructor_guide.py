@@ -518,35 +518,34 @@ MISTAKES = [
     Mistake(
         "ch5-no-cross-term",
         lambda: ex5.check_fl_multiply(_fl_multiply_no_cross),
-        "at point 0: the Laplacian differs from the reference at index (",
         "your Laplacian is u*lv + v*lu: it misses the cross term 2 (grad u . grad v), "
         "summed over the d inputs",
+        "the Laplacian differs from the reference at index (",
     ),
     Mistake(
         "ch5-sign",
         lambda: ex5.check_row_update_second_derivative(
             _row_second_derivative_wrong_sign
         ),
-        "for n = 3, row 0: answer differs from the reference: got 2.70507123 (float64), "
-        "expected -2.70507123 (float64)",
         "the sign is flipped: along a rank-one update of one row, log|det| is concave",
+        "answer differs from the reference: got",
     ),
     Mistake(
         "ch5-per-device-variance",
         lambda: ex5._check_variance(
             functools.partial(_sharded_variance, ddof="per-device"), False, 3
         ),
-        "walkers per device: the variance differs from the reference",
         "your variance is the mean of each device's own variance: the deviations must "
         "be taken from the mean over all walkers",
+        "walkers per device: the variance differs from the reference",
     ),
     Mistake(
         "ch5-n-minus-1",
         lambda: ex5._check_variance(
             functools.partial(_sharded_variance, ddof=1), False, 3
         ),
-        "walkers per device: the variance differs from the reference",
         "you divided by N - 1",
+        "walkers per device: the variance differs from the reference",
     ),
     Mistake(
         "ch5-uncast-eye",
@@ -569,9 +568,9 @@ MISTAKES = [
         lambda: ex5._check_variance(
             functools.partial(_sharded_variance, psum_grad=True), False, 3
         ),
-        "walkers per device: the gradient['b1'] differs from the reference at index (",
         "your gradient is 8 x the single-device gradient (8 devices): the device-count "
         "bug",
+        "walkers per device: the gradient['b1'] differs from the reference at index (",
     ),
     Mistake(
         "ch4-invariant-carry",
