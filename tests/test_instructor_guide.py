@@ -356,6 +356,8 @@ MISTAKES = [
                 "s": jnp.zeros(()),
             }
         ),
+        "your 's' is 0, but s changes the output (by s * w): the transpose's 's' is "
+        "not zero",
         "your_transpose(v0)['s'] differs from the reference: got 0 (float32), expected",
     ),
     Mistake(
@@ -363,8 +365,8 @@ MISTAKES = [
         lambda: ex2.check_transpose(
             lambda v: {"x": jnp.cumsum(v) - jnp.roll(v, -1), "s": jnp.vdot(_WEIGHTS, v)}
         ),
+        "your 'x' part uses cumsum(v): cumsum is not its own transpose",
         "your_transpose(v0)['x'] differs from the reference at index (",
-        _X_PART_HINT,
     ),
     Mistake(
         "ch2-x-part-hint",
@@ -374,7 +376,18 @@ MISTAKES = [
                 "s": jnp.vdot(_WEIGHTS, v),
             }
         ),
+        "your 'x' part uses roll(v, 1), the map's own shift: the transpose of a shift "
+        "shifts the other way",
         "your_transpose(v0)['x'] differs from the reference at index (",
+    ),
+    Mistake(
+        "ch2-x-part-other",
+        lambda: ex2.check_transpose(
+            lambda v: {
+                "x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, -1) + 0.1 * v[0],
+                "s": jnp.vdot(_WEIGHTS, v),
+            }
+        ),
         _X_PART_HINT,
     ),
     Mistake(
