@@ -620,6 +620,42 @@ def test_sharded_near_misses_say_what_to_change(answer, expected):
     assert "(sizes drawn for this check: " in text(fb)
 
 
+def no_final_psum(params, walkers):
+    """The global mean right, the squared deviations summed on each device only."""
+
+    def variance(p):
+        t = jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers)
+        total, count = _all(t)
+        return jnp.sum((t - total / count) ** 2) / count
+
+    return jax.value_and_grad(variance)(params)
+
+
+def local_variance(params, walkers):
+    """No collective at all: each device's own jnp.var."""
+
+    def variance(p):
+        return jnp.var(jax.vmap(_kinetic, in_axes=(None, 0))(p, walkers))
+
+    return jax.value_and_grad(variance)(params)
+
+
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        (no_final_psum, "an output of your step still varies across the devices"),
+        (local_variance, "so a psum over 'data' (of the sums, then of the squared"),
+        (hard_coded_count, "is a count written in?"),
+    ],
+    ids=["no-final-psum", "no-collective", "count-written-in"],
+)
+def test_sharded_missing_collective_and_written_in_count_are_named_first(
+    answer, expected
+):
+    fb = check(answer)
+    assert not fb.passed and expected in fb.messages[0], text(fb)
+
+
 def test_sharded_uncast_basis_keeps_jax_hint_and_names_the_mesh():
     fb = check(_uncast)
     out = text(fb)

@@ -10,7 +10,11 @@
   :data:`TOLERANCE_FIX_RTOL` (any method); the chapter's ``suspicious_grad`` is off by
   a truncated tangent solve, not by its solver tolerance.
 
-All comparisons run in float64 (inside ``jax.enable_x64``). Method checks read the
+Every check draws its cases afresh through
+:func:`~beyondgrad.exercises.case_rng` (``seed=`` repeats a draw; none is printed),
+and a wrong value gets first a line saying what kind of wrong it is
+(:func:`_value_hint`), then the worst entry. All comparisons run in float64 (inside
+``jax.enable_x64``). Method checks read the
 jaxpr through :func:`beyondgrad.compat.uses_custom_root`, which knows how each JAX
 version records ``custom_root``.
 """

@@ -9,7 +9,10 @@
   and its parameter gradient, compared with one device, at sizes drawn at random for
   each check.
 
-Each returns a :class:`~beyondgrad.exercises.Feedback`; a bare stub is reported as not
+Every check draws its cases afresh (no seed printed; ``seed=`` repeats a draw for
+5.1 and 5.2), and a wrong answer gets first a line naming the usual mistake it
+matches, then the mismatch. Each returns a :class:`~beyondgrad.exercises.Feedback`;
+a bare stub is reported as not
 attempted, and ``strict=True`` raises :class:`~beyondgrad.exercises.ExerciseFailed`
 for a wrong or missing answer. Checkers check values only; the statements say so.
 """
@@ -604,7 +607,31 @@ def _variance_hints(got: Any, ref: dict[str, Any], count: int) -> list[str]:
             f"your variance is {SHARDED_DEVICES} x the right one: divide by the number "
             f"of walkers on all devices ({count}), not on one"
         ]
+    # a count written in: sum((t - S/c)^2)/c for another c than the N walkers
+    mean, var = float(ref["mean"]), float(ref["value"])
+    total, squares = count * mean, count * (var + mean * mean)
+    for c in range(1, 4 * count + 1):
+        if c != count and near(
+            value, (squares - 2 * total * total / c + count * total * total / c**2) / c
+        ):
+            return [
+                f"your variance divides by {c}, but this case has {count} walkers on "
+                f"all devices: is a count written in? Use walkers.shape[0] * "
+                f"lax.axis_size({MESH_AXIS!r}) (the checker draws the sizes)"
+            ]
     return []
+
+
+def _collective_hint(failure: str) -> str:
+    """A first line for JAX's refusal of an output that varies across devices."""
+    if "out_specs" in failure and ("replicat" in failure or "vary" in failure):
+        return (
+            "an output of your step still varies across the devices (out_specs=P() "
+            "needs it invariant): the variance must combine the walkers of all "
+            f"devices, so a psum over {MESH_AXIS!r} (of the sums, then of the squared "
+            "deviations) is missing\n    "
+        )
+    return ""
 
 
 def check_sharded_variance_step(
@@ -697,7 +724,7 @@ def _variance_problems(
         return [ex.verdict(name, [], attempted=False, strict=strict)]
     failure = ex.failed(got)
     if failure:
-        return [_mesh_hint(f"{case}: {failure}")]
+        return [_collective_hint(failure) + _mesh_hint(f"{case}: {failure}")]
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return [
             "return a pair (variance, gradient), as jax.value_and_grad does; got "
