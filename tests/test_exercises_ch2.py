@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from beyondgrad import exercises as ex
-from beyondgrad import measure
+from beyondgrad import linear, measure
 from beyondgrad.exercises import ch2
 
 W = np.linspace(1.0, 2.0, 6)
@@ -78,8 +78,16 @@ def as_tuple(v):
 
 @pytest.mark.parametrize("answer", [hand_transpose, dense_transpose, as_tuple])
 def test_check_transpose_accepts_right_answers(answer):
-    fb = ch2.check_transpose(answer, strict=True)
+    fb = ch2.check_transpose(answer, dot_test, strict=True)
     assert fb.passed and "worst dot-product mismatch" in str(fb)
+
+
+def dot_test(f, f_transpose, x, y):
+    """A student's dot-product test: the two pairings, leaf by leaf, relative."""
+    lhs = jnp.vdot(f(x), y)
+    back = f_transpose(y)
+    rhs = jnp.vdot(x["x"], back["x"]) + x["s"] * back["s"]
+    return jnp.abs(lhs - rhs) / (jnp.abs(lhs) + jnp.abs(rhs))
 
 
 def _scaled_transpose(factor, base=hand_transpose):
@@ -91,7 +99,9 @@ def test_check_transpose_tolerance_is_pinned():
     # entry; TRANSPOSE_RTOL 2e-6 (literal numbers: the test must not scale with it)
     far = ch2.check_transpose(_scaled_transpose(1 + 6e-6), seed=0)
     assert not far.passed and "differs from the reference" in str(far), str(far)
-    near = ch2.check_transpose(_scaled_transpose(1 + 1e-7, dense_transpose), seed=0)
+    near = ch2.check_transpose(
+        _scaled_transpose(1 + 1e-7, dense_transpose), dot_test, seed=0
+    )
     assert near.passed, str(near)
 
 
@@ -102,10 +112,11 @@ def test_check_dot_product_tolerance_is_pinned():
     assert 3 * tol < ch2.TRANSPOSE_RTOL
     # the test normalises by |J v| |w|, so a scaling shows at a fraction of its size
     # that depends on the draw: a fixed draw (seed) keeps this test deterministic
-    far = ch2.check_transpose(_scaled_transpose(1 + 3 * tol), seed=6)
+    seed = 7  # a draw at which the scaling shows at 7e-7 (of its 9e-7)
+    far = ch2.check_transpose(_scaled_transpose(1 + 3 * tol), dot_test, seed=seed)
     assert not far.passed and "dot-product test mismatch" in str(far), str(far)
     near = ch2.check_transpose(
-        _scaled_transpose(1 + 0.3 * tol, dense_transpose), seed=6
+        _scaled_transpose(1 + 0.3 * tol, dense_transpose), dot_test, seed=seed
     )
     assert near.passed and f"(allowed {tol:g})" in str(near), str(near)
 
@@ -200,7 +211,7 @@ def test_check_transpose_draws_cotangents_and_prints_no_seed():
     )
     for seed in range(3):
         assert not ch2.check_transpose(remembered, seed=seed).passed
-    fb = ch2.check_transpose(hand_transpose)
+    fb = ch2.check_transpose(hand_transpose, dot_test)
     assert fb.passed and "seed" not in str(fb), str(fb)
 
 
@@ -550,3 +561,87 @@ def test_check_rebuilt_jacrev_tolerance_is_pinned():
     assert not far.passed and "differs from the reference" in str(far), str(far)
     near = ch2.check_rebuilt_jacrev(scaled(1 + 0.3 * rtol))
     assert near.passed and f"(relative error <= {rtol:g})" in str(near), str(near)
+
+
+# ------------------------------------------------ 2.1's second part: the dot test
+
+
+def _dot_x_only(f, f_transpose, x, y):
+    """Pairs only the 'x' leaf on the right: wrong for any map with an 's' input."""
+    return jnp.abs(jnp.vdot(f(x), y) - jnp.vdot(x["x"], f_transpose(y)["x"]))
+
+
+def _dot_library(f, f_transpose, x, y):
+    from beyondgrad import linear
+
+    return linear.dot_product_test(f, f_transpose, x, y, jax.random.key(0))
+
+
+def _dot_stub(f, f_transpose, x, y):
+    raise NotImplementedError
+
+
+def _dot_signed(f, f_transpose, x, y):
+    """Signed and absolute: accepted (the checker takes |value|)."""
+    back = f_transpose(y)
+    return jnp.vdot(f(x), y) - jnp.vdot(x["x"], back["x"]) - x["s"] * back["s"]
+
+
+@pytest.mark.parametrize("test", [dot_test, _dot_signed], ids=["relative", "signed"])
+def test_check_transpose_accepts_a_right_dot_test(test):
+    for seed in range(5):
+        fb = ch2.check_transpose(hand_transpose, test, seed=seed)
+        assert fb.passed and "your dot test tells the right transpose" in str(fb)
+
+
+@pytest.mark.parametrize(
+    "test, text",
+    [
+        (None, "the exercise has a second part: pass your dot-product test too"),
+        (_dot_stub, "my_dot_test is not attempted yet"),
+        (_dot_x_only, "your dot test gives"),
+        (lambda f, ft, x, y: 0.0, "for a wrong transpose (cumsum kept as cumsum)"),
+        (
+            lambda f, ft, x, y: jnp.abs(
+                jnp.vdot(f(x), y) - jnp.vdot(x["x"], ft(y)["x"]) - x["s"] * 0.0
+            ),
+            "for the right transpose",
+        ),
+        (_dot_library, "your dot test called linear.dot_product_test"),
+        (
+            lambda f, ft, x, y: jnp.zeros(2),
+            "your dot test returned shape (2,)",
+        ),
+        (jnp.ones(()), "my_dot_test should be a function"),
+    ],
+    ids=[
+        "missing",
+        "stub",
+        "x-leaf-only",
+        "always-zero",
+        "s-leaf-dropped",
+        "library",
+        "not-a-number",
+        "not-a-function",
+    ],
+)
+def test_check_transpose_refuses_a_dot_test_that_cannot_catch_a_wrong_transpose(
+    test, text
+):
+    fb = ch2.check_transpose(hand_transpose, test)
+    assert not fb.passed and fb.attempted and text in fb.messages[0], str(fb)
+
+
+def test_every_wrong_transpose_the_dot_test_faces_is_wrong():
+    """The checker's wrong transposes fail the checker itself (and the library's
+    dot-product test), so a dot test that rejects them is right to."""
+    example = ch2.exercise_map_input()
+    for slip, wrong in ch2.DOT_TEST_WRONG.items():
+        assert not ch2.check_transpose(wrong, dot_test).passed, slip
+        mismatch = max(
+            linear.dot_product_test(
+                ch2.exercise_linear_map, wrong, example, jnp.zeros(6), jax.random.key(k)
+            )
+            for k in range(3)
+        )
+        assert mismatch > 1e-2, (slip, mismatch)

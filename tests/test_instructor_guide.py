@@ -381,6 +381,17 @@ MISTAKES = [
         "your_transpose(v0)['x'] differs from the reference at index (",
     ),
     Mistake(
+        "ch2-dot-test-always-zero",
+        lambda: ex2.check_transpose(
+            lambda v: {
+                "x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, -1),
+                "s": jnp.vdot(_WEIGHTS, v),
+            },
+            lambda f, f_transpose, x, y: 0.0,
+        ),
+        "your dot test gives at most 0 for a wrong transpose (cumsum kept as cumsum)",
+    ),
+    Mistake(
         "ch2-x-part-other",
         lambda: ex2.check_transpose(
             lambda v: {

@@ -230,13 +230,139 @@ def _transpose_hint(got: Any, v: jax.Array, want: Mapping[str, jax.Array]) -> st
     return "; ".join(said) if said else ""
 
 
+def _right_transpose(v: jax.Array) -> dict[str, jax.Array]:
+    w = jnp.asarray(_weights_np())
+    return {"x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, -1), "s": jnp.vdot(w, v)}
+
+
+#: Wrong transposes a student's dot-product test must reject (exercise 2.1), each
+#: with what it gets wrong: the usual slips, one per part of the map.
+DOT_TEST_WRONG: dict[str, Callable[[jax.Array], dict[str, jax.Array]]] = {
+    "cumsum kept as cumsum": lambda v: {
+        **_right_transpose(v),
+        "x": jnp.cumsum(v) - jnp.roll(v, -1),
+    },
+    "roll(v, 1) not reversed": lambda v: {
+        **_right_transpose(v),
+        "x": jnp.cumsum(v[::-1])[::-1] - jnp.roll(v, 1),
+    },
+    "'s' left at 0": lambda v: {**_right_transpose(v), "s": jnp.zeros((), v.dtype)},
+    "'s' as sum(v), without the weights": lambda v: {
+        **_right_transpose(v),
+        "s": jnp.sum(v),
+    },
+}
+
+#: A student's dot-product test must return at most this for the right transpose,
+#: and more than :data:`DOT_TEST_WRONG_MIN` for each of :data:`DOT_TEST_WRONG` at one
+#: of three drawn (x, y) at least (one draw can pair a slip's error with a y nearly
+#: orthogonal to it): float32 rounding of the two pairings of standard normal
+#: vectors is below 1e-5 absolute and 1e-6 relative, a wrong transpose's mismatch
+#: usually 0.1 to 10.
+DOT_TEST_RIGHT_MAX = 1e-4
+DOT_TEST_WRONG_MIN = 1e-3
+#: How many (x, y) a check draws for each transpose it gives the student's test.
+DOT_TEST_DRAWS = 3
+
+
+def _dot_test_problems(
+    dot_test: Any, rng: np.random.Generator
+) -> tuple[list[str], bool]:
+    """What is wrong with the student's ``dot_test(f, f_transpose, x, y)`` (a number
+    near 0 for a right transpose, far from 0 for a wrong one), and whether it is the
+    stub. The checker draws ``x`` and ``y`` and runs it on the map with the right
+    transpose and with each of :data:`DOT_TEST_WRONG`."""
+
+    def draw() -> tuple[dict[str, jax.Array], jax.Array]:
+        x = {
+            "x": jnp.asarray(rng.normal(size=EXERCISE_MAP_SIZE), jnp.float32),
+            "s": jnp.asarray(rng.normal(), jnp.float32),
+        }
+        return x, jnp.asarray(rng.normal(size=EXERCISE_MAP_SIZE), jnp.float32)
+
+    def run(
+        transpose: Callable, what: str, pick: Callable[[list[float]], float]
+    ) -> tuple[float | None, str | None]:
+        values = []
+        for _ in range(DOT_TEST_DRAWS):
+            x, y = draw()
+            with _banned_dot_product_test():
+                got = ex.call_answer(
+                    dot_test, exercise_linear_map, transpose, x, y, what="your dot test"
+                )
+            if ex.is_stub(got):
+                return None, "stub"
+            if ex.failed(got):
+                return None, ex.failed(got)
+            if np.shape(got) != ():
+                return None, (
+                    f"your dot test returned shape {np.shape(got)} {what}; return one "
+                    "number, |<f(x), y> - <x, f_transpose(y)>| (relative or absolute)"
+                )
+            try:
+                values.append(float(np.abs(np.asarray(got, np.float64))))
+            except (TypeError, ValueError):
+                return None, (
+                    f"your dot test returned {type(got).__name__} {what}; return one "
+                    "number, |<f(x), y> - <x, f_transpose(y)>| (relative or absolute)"
+                )
+        return pick(values), None
+
+    value, error = run(_right_transpose, "for the right transpose", max)
+    if error == "stub":
+        return [], True
+    if error:
+        return [error], False
+    assert value is not None
+    if not np.isfinite(value) or value > DOT_TEST_RIGHT_MAX:
+        return [
+            f"your dot test gives {value:.3g} for the right transpose (allowed "
+            f"{DOT_TEST_RIGHT_MAX:g}): it must be 0 up to rounding there; compare "
+            "<f(x), y> with <x, f_transpose(y)>, each a sum over every leaf"
+        ], False
+    for slip, transpose in DOT_TEST_WRONG.items():
+        wrong, error = run(transpose, f"for a transpose with {slip}", max)
+        if error:
+            return [error], False
+        assert wrong is not None
+        if not wrong > DOT_TEST_WRONG_MIN:
+            leaf = "'s'" if "'s'" in slip else "'x'"
+            return [
+                f"your dot test gives at most {wrong:.3g} for a wrong transpose "
+                f"({slip}) at {DOT_TEST_DRAWS} drawn x and y, so it would pass it: "
+                f"it must exceed {DOT_TEST_WRONG_MIN:g}; does <x, f_transpose(y)> include the "
+                f"{leaf} leaf (every leaf of x, each paired with its part)?"
+            ], False
+    return [], False
+
+
+@contextlib.contextmanager
+def _banned_dot_product_test() -> Any:
+    """``linear.dot_product_test`` raises inside the block: write your own."""
+
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "your dot test called linear.dot_product_test: write the two pairings "
+            "yourself (jnp.vdot over each leaf)"
+        )
+
+    saved = linear.dot_product_test
+    linear.dot_product_test = stub  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        linear.dot_product_test = saved  # type: ignore[assignment]
+
+
 def check_transpose(
     answer: Callable[[jax.Array], PyTree],
+    dot_test: Callable[..., Any] | None = None,
     *,
     strict: bool = False,
     seed: int | None = None,
 ) -> ex.Feedback:
-    """Exercise 2.1: ``answer(v)`` must be the transpose of :func:`exercise_linear_map`.
+    """Exercise 2.1: ``answer(v)`` must be the transpose of :func:`exercise_linear_map`,
+    and ``dot_test(f, f_transpose, x, y)`` the student's own dot-product test.
 
     For three cotangents ``v: f32[6]`` drawn afresh at every check the answer must
     return ``{"x": f32[6], "s": f32[]}`` (a 1-tuple of it is accepted) matching the
@@ -246,8 +372,13 @@ def check_transpose(
     naming the wrong part and the usual slip (cumsum kept, the shift not reversed, a
     sign, s dropped or unweighted, a factor), never the answer. While the answer runs,
     the names in :data:`TRANSPOSE_BANNED` raise: re-typing the map in ``jnp`` and
-    transposing it with JAX is not the exercise. ``seed`` repeats a draw (tests, or a
-    student who asks).
+    transposing it with JAX is not the exercise.
+
+    Then the student's ``dot_test`` (required for a pass; ``linear.dot_product_test``
+    raises while it runs) must return at most :data:`DOT_TEST_RIGHT_MAX` for the map
+    and its right transpose and more than :data:`DOT_TEST_WRONG_MIN` for each wrong
+    transpose of :data:`DOT_TEST_WRONG`, at ``x`` and ``y`` it draws. ``seed`` repeats
+    a draw (tests, or a student who asks).
     """
     name = "Exercise 2.1, transpose of exercise_linear_map"
     example = exercise_map_input()
@@ -285,6 +416,25 @@ def check_transpose(
             return ex.verdict(
                 name, [hint, *problems] if hint else problems, strict=strict
             )
+    if dot_test is None:
+        problem = (
+            "your transpose matches on 3 drawn cotangents; the exercise has a second "
+            "part: pass your dot-product test too, "
+            "check_transpose(my_transpose, my_dot_test)"
+        )
+        return ex.verdict(name, [problem], strict=strict)
+    not_a_function = ex.require_callable(dot_test, "my_dot_test")
+    if not_a_function:
+        return ex.verdict(name, [not_a_function], strict=strict)
+    problems, stub = _dot_test_problems(dot_test, rng)
+    if stub:
+        problem = (
+            "your transpose matches on 3 drawn cotangents; my_dot_test is not "
+            "attempted yet: write it, and the checker tries it on wrong transposes"
+        )
+        return ex.verdict(name, [problem], strict=strict)
+    if problems:
+        return ex.verdict(name, problems, strict=strict)
     keys = [jax.random.key(int(rng.integers(2**31))) for _ in range(3)]
     worst = max(
         linear.dot_product_test(
@@ -306,7 +456,8 @@ def check_transpose(
     success = (
         f"matches the transpose on 3 drawn cotangents ({TRANSPOSE_RTOL:g} of its "
         "largest entry); "
-        f"worst dot-product mismatch {worst:.1e} (allowed {DOT_PRODUCT_TOL:g})"
+        f"worst dot-product mismatch {worst:.1e} (allowed {DOT_PRODUCT_TOL:g}); "
+        f"your dot test tells the right transpose from {len(DOT_TEST_WRONG)} wrong ones"
     )
     return ex.verdict(name, [], success=success, strict=strict)
 
