@@ -259,6 +259,8 @@ FL_BAD = [
         "is a Python float, expected an array",
     ),
     ("not-a-triple", lambda a, b: fl_multiply(a, b)[:2], "return a triple"),
+    ("none", lambda a, b: None, "your result is None (does your function end"),
+    ("a-function", lambda a, b: fl_multiply, "your result is a function"),
 ]
 
 

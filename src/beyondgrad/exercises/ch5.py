@@ -265,6 +265,12 @@ def check_fl_multiply(
             early = ex.early_verdict(name, got, strict=strict)
             if early is not None:
                 return early
+            returned = ex.return_kind_problem(got, want, name="your result")
+            if returned:
+                problems.append(
+                    f"{returned}; return the triple (value, gradient, Laplacian)"
+                )
+                break
             if not isinstance(got, (tuple, list)) or len(got) != 3:
                 kind = type(got).__name__
                 size = (
