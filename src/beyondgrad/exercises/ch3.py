@@ -10,13 +10,18 @@
   :data:`TOLERANCE_FIX_RTOL` (any method); the chapter's ``suspicious_grad`` is off by
   a truncated tangent solve, not by its solver tolerance.
 
-All comparisons run in float64 (inside ``jax.enable_x64``). Method checks read the
+Every check draws its cases afresh through
+:func:`~beyondgrad.exercises.case_rng` (``seed=`` repeats a draw; none is printed),
+and a wrong value gets first a line saying what kind of wrong it is
+(:func:`_value_hint`), then the worst entry. All comparisons run in float64 (inside
+``jax.enable_x64``). Method checks read the
 jaxpr through :func:`beyondgrad.compat.uses_custom_root`, which knows how each JAX
 version records ``custom_root``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -28,6 +33,7 @@ from beyondgrad.exercises import (
     Feedback,
     call_answer,
     call_within,
+    case_rng,
     early_verdict,
     failed,
     is_stub,
@@ -56,13 +62,16 @@ __all__ = [
 #: the Jacobian, Newton at 1e-12 by 1e-16 (measured, JAX 0.8.2 and 0.12): about 10x.
 FIXED_POINT_TOL = 3e-10
 #: Exercise 3.2: X = A^{-1/2} and dX must agree to this (absolute + relative, float64).
-#: Newton on X A X - I from the identity is off by 1.3e-14 (it converges
-#: quadratically), Denman-Beavers by 1.4e-16 (measured, JAX 0.8.2 and 0.12): ~8x below.
-SQRTM_TOL = 1e-13
-#: Exercise 3.3: the gradient must agree to this (relative, float64), plus
-#: :data:`TOLERANCE_FIX_ATOL`. A solve stopped at 1e-13 passes at 1e-15 (measured); one
-#: stopped at 1e-10 is off by 1e-9..1e-8, so the fix is a tolerance near rounding.
-TOLERANCE_FIX_RTOL = 1e-12
+#: On 450 drawn matrices (sizes 2-4, eigenvalues in [0.5, 3]) Newton on X A X - I from
+#: the identity stopped at a residual of 1e-12 is off by up to 2e-13 (its last step
+#: lands anywhere between 1e-12 and rounding), Denman-Beavers by 9e-16 (JAX 0.12): ~5x.
+SQRTM_TOL = 1e-12
+#: Exercise 3.3: every entry of the gradient must agree to this times its largest
+#: entry (float64), plus :data:`TOLERANCE_FIX_ATOL`. Over 200 drawn b (JAX 0.8.2 and
+#: 0.12) a fixed-point solve stopped at 1e-13 is off by up to 2.2e-13 in this measure,
+#: the closed form at a Newton root stopped at 1e-13 by 4.1e-13: ~7x below. A solve
+#: stopped at 1e-10 is off by 1e-9..1e-8, and the starter's series by 1e-7..1e-3.
+TOLERANCE_FIX_RTOL = 3e-12
 TOLERANCE_FIX_ATOL = 1e-14
 
 #: Seconds a student's function may run before a checker gives up on it (3.1).
@@ -133,13 +142,29 @@ def _kind_problem(value: object, name: str) -> str | None:
     return None  # arrays, and Python scalars (tree_mismatches names those)
 
 
-def _value_hint(got: object, want: object, tolerance_hint: str) -> str:
+def _value_hint(
+    got: object,
+    want: object,
+    tolerance_hint: str,
+    *,
+    large: str = (
+        "check that your solve converged (an iteration cap it hits) and the equation "
+        "(F(x) = 0 exactly at the answer)"
+    ),
+    zero: str = "",
+    tolerance_scale: float = 1e-4,
+    stopped_early: str = "",
+) -> str:
     """Say what kind of wrong a mismatched float64 answer is (one line, no guessing).
 
-    Non-finite or far too large: a diverged solve. A float32 answer: the dtype. The
-    answer a constant multiple of the reference: a missing or extra factor. A relative
-    error above 1e-4: a wrong equation or derivative (no tolerance does that). Only an
-    error below that, the scale a loose solver tolerance gives, gets ``tolerance_hint``.
+    Non-finite or far too large: a diverged solve. A float32 answer: the dtype. Zero
+    where the answer is not: ``zero`` (when given). The answer a constant multiple of
+    the reference: a missing or extra factor (a sign for -1). A relative error above
+    ``tolerance_scale``: ``large`` (a wrong equation or derivative: no tolerance the
+    statement allows does that). Only an error below that, the scale a loose solver
+    tolerance gives, gets ``tolerance_hint``. With ``stopped_early``, an error up to
+    0.1 gets that text instead of ``large``: a solve stopped far too early and one of
+    another equation are not told apart by the numbers, so it names both.
     """
     a = np.asarray(got, dtype=np.float64)
     r = np.asarray(want, dtype=np.float64)
@@ -161,22 +186,30 @@ def _value_hint(got: object, want: object, tolerance_hint: str) -> str:
             f"of size {scale:.3g}: the iteration diverged (check that your step "
             "moves towards the root, e.g. x <- x + F(x) for x = f(x), not x - F(x))"
         )
+    if zero and not np.any(a):
+        return zero
     rel = float(np.max(np.abs(a - r))) / scale
     denom = float(np.vdot(r, r))
     factor = float(np.vdot(r, a)) / denom if denom > 0 else 1.0
-    if abs(factor - 1.0) > 1e-6 and float(np.max(np.abs(a - factor * r))) <= (
+    if abs(factor - 1.0) > 1e-3 and float(np.max(np.abs(a - factor * r))) <= (
         1e-6 * scale * abs(factor)
     ):
+        if abs(factor + 1.0) <= 1e-6:
+            return (
+                "your result is -1 times the right one everywhere: a sign is wrong "
+                "(the equation F, or what your tangent_solve returns: t with g(t) = y)"
+            )
         return (
             f"your result is {factor:.6g} times the right one everywhere: a constant "
-            "factor is missing or extra (a scaled equation, a dropped 1/2, a wrong sign)"
+            "factor is missing or extra (a scaled equation, a dropped 1/2, a mean "
+            "where a sum belongs)"
         )
-    if rel > 1e-4:
+    if stopped_early and tolerance_scale < rel <= 0.1:
+        return f"largest error {rel:.1e} relative to the answer's size: {stopped_early}"
+    if rel > tolerance_scale:
         return (
             f"largest error {rel:.1e} relative to the answer's size: far more than a "
-            "converged solve's tolerance causes; check that the solve converged (its "
-            "iteration cap), the equation (F(x) = 0 exactly at the answer) and the "
-            "tangent solve"
+            f"converged solve's tolerance causes; {large}"
         )
     return f"largest error {rel:.1e} relative: {tolerance_hint}"
 
@@ -233,21 +266,33 @@ def _tangent_hint(text: str) -> str:
     return ""
 
 
+#: Exercise 3.1: number of ``theta`` drawn per check, and the range of their entries.
+FIXED_POINT_CASES = 4
+FIXED_POINT_THETA = 1.5
+
+
 def check_fixed_point_grad(
-    fn: Callable[[jax.Array], jax.Array], *, strict: bool = False
+    fn: Callable[[jax.Array], jax.Array],
+    *,
+    strict: bool = False,
+    seed: int | None = None,
 ) -> Feedback:
     """Exercise 3.1: ``fn(theta)`` returns ``x*`` with ``x* = ½ cos(M x*) + theta``.
 
     ``theta`` has shape ``(3,)`` and ``M`` is :data:`FIXED_POINT_M`. Checks, in float64,
-    at four ``theta``: the value under ``vmap``; that ``jax.jacrev`` runs; that ``fn``
-    calls ``lax.custom_root`` (its jaxpr); the Jacobian against the closed form
-    ``(I + ½ diag(sin(M x*)) M)^{-1}``; and ``jit``. Values and Jacobians must agree to
-    :data:`FIXED_POINT_TOL` (absolute + relative).
+    at :data:`FIXED_POINT_CASES` ``theta`` drawn afresh at every check (entries uniform
+    in ±:data:`FIXED_POINT_THETA`): the value under ``vmap``; that ``jax.jacrev`` runs;
+    that ``fn`` calls ``lax.custom_root`` (its jaxpr); the Jacobian against the closed
+    form ``(I + ½ diag(sin(M x*)) M)^{-1}``; and ``jit``. Values and Jacobians must
+    agree to :data:`FIXED_POINT_TOL` (absolute + relative). A wrong value or Jacobian
+    gets first a line saying what kind of wrong it is, then the worst entry.
 
     Args:
         fn: The student's ``my_fixed_point(theta)``; a bare stub (``raise NotImplementedError``)
             is reported as not attempted.
         strict: Raise when the answer is wrong (for solution cells).
+        seed: Draw the same ``theta`` again (tests, or a repeatable run); ``None``
+            draws fresh ones.
 
     Returns:
         The :class:`~beyondgrad.exercises.Feedback` (printable), passed or not.
@@ -259,12 +304,17 @@ def check_fixed_point_grad(
     not_a_function = require_callable(fn, "my_fixed_point")
     if not_a_function:
         return verdict(_EX1, [not_a_function], strict=strict)
+    rng = case_rng(seed)
+    drawn = rng.uniform(-FIXED_POINT_THETA, FIXED_POINT_THETA, (FIXED_POINT_CASES, 3))
     with jax.enable_x64(True):
-        thetas = jnp.array(
-            [[-1.0, 0.0, 0.5], [0.0, 0.0, 0.0], [0.3, -0.2, 0.1], [2.0, 1.0, -1.0]],
-            jnp.float64,
-        )
+        thetas = jnp.asarray(drawn, jnp.float64)
         got = _run_limited(jax.vmap(fn), thetas, "your function (under vmap)")
+        if "is not a valid JAX type" in (failed(got) or ""):
+            # vmap refuses a function or a string as output: say which, from one call
+            one = call_within(TIME_LIMIT, fn, thetas[0], what="your function")
+            kind = _kind_problem(one, "the array x*")
+            if kind:
+                return verdict(_EX1, [kind], strict=strict)
         if is_stub(got):
             return verdict(_EX1, [], attempted=False, strict=strict)
         if failed(got):
@@ -277,14 +327,23 @@ def check_fixed_point_grad(
         problems = tree_mismatches(got, want, rtol=tol, atol=tol, name="x*")
         if problems:
             if np.shape(got) == np.shape(want):
-                problems.append(
-                    _value_hint(
-                        got,
-                        want,
-                        f"at the scale of a loose solver tolerance (required {tol:g}): "
-                        "stop your solve at a residual norm <= 1e-10",
-                    )
+                hint = _value_hint(
+                    got,
+                    want,
+                    f"at the scale of a loose solver tolerance (required {tol:g}): "
+                    "stop your solve at a residual norm <= 1e-10",
+                    large=(
+                        "check the equation: x* = ½ cos(M x*) + θ, so F(x) = "
+                        "½ cos(M x) + θ - x is zero exactly there"
+                    ),
+                    stopped_early=(
+                        "either your solve stops far too early (a loose tolerance, or "
+                        "an iteration cap it hits: stop at ||F(x)|| <= 1e-10, with a "
+                        "cap of a few hundred steps) or it solves another equation "
+                        "(F(x) = ½ cos(M x) + θ - x must be zero exactly at x*)"
+                    ),
                 )
+                problems = [f"x*: {hint}", *problems]
             return verdict(_EX1, problems, strict=strict)
         jac = _run_limited(
             jax.vmap(jax.jacrev(fn)), thetas, "jax.jacrev of your function"
@@ -296,15 +355,32 @@ def check_fixed_point_grad(
         method = _method_problem(fn, thetas[2], _EX1)
         if method:
             return verdict(_EX1, [method], strict=strict)
-        problems = tree_mismatches(
-            jac, _exercise1_jacobian(want), rtol=tol, atol=tol, name="dx*/dθ"
-        )
+        want_jac = _exercise1_jacobian(want)
+        problems = tree_mismatches(jac, want_jac, rtol=tol, atol=tol, name="dx*/dθ")
+        if problems and np.shape(jac) == np.shape(want_jac):
+            hint = _value_hint(
+                jac,
+                want_jac,
+                f"at the scale of a loose solver tolerance (required {tol:g}): "
+                "stop your solve at a residual norm <= 1e-10",
+                large=(
+                    "x* is right, so the derivative rule is wrong: your tangent_solve "
+                    "must return t with g(t) = y, for the g and y it receives"
+                ),
+                zero=(
+                    "jax.jacrev of your function is zero: x* does not depend on θ in "
+                    "your code's derivative (a stop_gradient, or θ used outside the F "
+                    "you pass to custom_root)"
+                ),
+            )
+            problems = [f"dx*/dθ: {hint}", *problems]
         jitted = call_answer(jax.jit(fn), thetas[2], what="your function under jit")
         if failed(jitted):
             problems.append(_failed_with_hint(jitted))
         success = (
             f"calls custom_root; x* and jax.jacrev match the closed form to {tol:g} "
-            "(absolute plus relative) under vmap, and jit works"
+            f"(absolute plus relative) under vmap at {FIXED_POINT_CASES} drawn θ, and "
+            "jit works"
         )
         return verdict(_EX1, problems, success=success, strict=strict)
 
@@ -330,23 +406,47 @@ def _sqrtm_reference(
     return x, deriv
 
 
+#: Exercise 3.2: matrix sizes a check draws from (two distinct ones per check), and
+#: the range of the eigenvalues of each drawn ``A`` (its condition number is at most 6).
+SQRTM_SIZES = (2, 3, 4)
+SQRTM_EIGENVALUES = (0.5, 3.0)
+
+
+def _sqrtm_case(rng: np.random.Generator, n: int) -> tuple[jax.Array, jax.Array]:
+    """A drawn SPD ``A = Q diag(λ) Q^T`` (λ in :data:`SQRTM_EIGENVALUES`) and a
+    symmetric direction ``dA``, float64."""
+    q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    lam = rng.uniform(*SQRTM_EIGENVALUES, size=n)
+    a = (q * lam) @ q.T
+    d = rng.normal(size=(n, n))
+    return jnp.asarray(0.5 * (a + a.T)), jnp.asarray(0.5 * (d + d.T))
+
+
 def check_sqrtm(
-    fn: Callable[[jax.Array], jax.Array], *, strict: bool = False
+    fn: Callable[[jax.Array], jax.Array],
+    *,
+    strict: bool = False,
+    seed: int | None = None,
 ) -> Feedback:
     """Exercise 3.2: ``fn(A)`` returns ``X = A^{-1/2}`` (SPD ``A``; ``X A X = I``, ``X``
     with positive eigenvalues).
 
-    Checks, in float64 on a 3×3 SPD matrix: that ``fn`` returns one 3×3 matrix; that it
-    calls ``lax.custom_root`` (directly or through ``implicit.root_find``: an
-    eigendecomposition is not the exercise); then ``jax.jvp`` along a symmetric
-    direction, the value and the tangent against an eigendecomposition and the
-    Daleckii-Krein formula (:func:`_sqrtm_reference`), to :data:`SQRTM_TOL`. The negative
-    root (``-X``) and the square root ``A^{1/2}`` get their own messages.
+    Checks, in float64, on two SPD matrices drawn afresh at every check (two distinct
+    sizes from :data:`SQRTM_SIZES`, eigenvalues in :data:`SQRTM_EIGENVALUES`): that
+    ``fn`` returns one matrix of ``A``'s shape; that it calls ``lax.custom_root``
+    (directly or through ``implicit.root_find``: an eigendecomposition is not the
+    exercise); then ``jax.jvp`` along a drawn symmetric direction, the value and the
+    tangent against an eigendecomposition and the Daleckii-Krein formula
+    (:func:`_sqrtm_reference`), to :data:`SQRTM_TOL`. The negative root (``-X``) and
+    the square root ``A^{1/2}`` get their own messages; any other wrong value a first
+    line saying what kind of wrong it is.
 
     Args:
         fn: The student's ``inv_sqrtm(A)``; a bare stub (``raise NotImplementedError``)
             is reported as not attempted.
         strict: Raise when the answer is wrong (for solution cells).
+        seed: Draw the same matrices again (tests, or a repeatable run); ``None``
+            draws fresh ones.
 
     Returns:
         The :class:`~beyondgrad.exercises.Feedback` (printable), passed or not.
@@ -358,87 +458,118 @@ def check_sqrtm(
     not_a_function = require_callable(fn, "inv_sqrtm")
     if not_a_function:
         return verdict(_EX2, [not_a_function], strict=strict)
+    rng = case_rng(seed)
+    sizes = [int(n) for n in rng.choice(SQRTM_SIZES, size=2, replace=False)]
     with jax.enable_x64(True):
-        m = jnp.array([[2.0, 0.3, 0.0], [0.1, 1.5, 0.2], [0.0, 0.4, 1.0]], jnp.float64)
-        a = m @ m.T + 0.5 * jnp.eye(3, dtype=jnp.float64)
-        da = jnp.array(
-            [[1.0, 0.5, -0.2], [0.5, 0.0, 0.3], [-0.2, 0.3, -1.0]], jnp.float64
-        )
-        x_ref, deriv = _sqrtm_reference(a)
-        value = call_answer(fn, a, what="your inv_sqrtm")
-        if is_stub(value):
-            return verdict(_EX2, [], attempted=False, strict=strict)
-        if failed(value):
-            return verdict(_EX2, [_failed_with_hint(value)], strict=strict)
-        if isinstance(value, (tuple, list)):
-            return verdict(
-                _EX2,
-                [
-                    f"your inv_sqrtm returns a {type(value).__name__} of "
-                    f"{len(value)} items; return the matrix X alone "
-                    "(implicit.root_find returns (X, SolverInfo): take [0])"
-                ],
-                strict=strict,
-            )
-        if np.shape(value) != (3, 3):
-            return verdict(
-                _EX2,
-                [
-                    f"your inv_sqrtm returns shape {np.shape(value)} for a 3x3 A; "
-                    "return X with the shape of A"
-                ],
-                strict=strict,
-            )
-        out = call_answer(
-            lambda: jax.jvp(fn, (a,), (da,)), what="jax.jvp of your function"
-        )
-        if failed(out):
-            return verdict(_EX2, [_failed_with_hint(out)], strict=strict)
-        method = _method_problem(fn, a, _EX2)
-        if method:
-            return verdict(_EX2, [method], strict=strict)
-        x, dx = out
-        if np.shape(x) == (3, 3) and np.allclose(
-            np.asarray(x), -np.asarray(x_ref), rtol=tol
-        ):
-            return verdict(
-                _EX2,
-                [
-                    "you found -X, the negative root: A^(-1/2) has positive "
-                    "eigenvalues; start Newton from a positive multiple of the identity"
-                ],
-                strict=strict,
-            )
-        root = (x_ref @ a) if np.shape(x) == (3, 3) else None
-        if root is not None and np.allclose(np.asarray(x), np.asarray(root), rtol=1e-6):
-            return verdict(
-                _EX2,
-                [
-                    "you returned A^(1/2), the square root; the exercise asks for "
-                    "X = A^(-1/2), the X with X A X = I: change the equation, not the "
-                    "start"
-                ],
-                strict=strict,
-            )
-        problems = tree_mismatches(x, x_ref, rtol=tol, atol=tol, name="X")
-        problems += tree_mismatches(dx, deriv(da), rtol=tol, atol=tol, name="dX")
-        if problems:
-            bad_x = bool(tree_mismatches(x, x_ref, rtol=tol, atol=tol, name="X"))
-            got_, want_ = (x, x_ref) if bad_x else (dx, deriv(da))
-            problems.append(
-                _value_hint(
-                    got_,
-                    want_,
-                    f"at the scale of a loose solver tolerance (required {tol:g}): "
-                    "iterate until the residual is at rounding level, e.g. "
-                    "root_find(..., tol=1e-12)",
+        for n in sizes:
+            a, da = _sqrtm_case(rng, n)
+            problems = _sqrtm_problems(fn, a, da, strict)
+            if isinstance(problems, Feedback):
+                return problems
+            if problems:
+                return verdict(_EX2, problems, strict=strict)
+    success = (
+        f"calls custom_root; X = A^(-1/2) and its jvp match the eigendecomposition "
+        f"to {tol:g} (absolute plus relative) on drawn {sizes[0]}x{sizes[0]} and "
+        f"{sizes[1]}x{sizes[1]} matrices"
+    )
+    return verdict(_EX2, [], success=success, strict=strict)
+
+
+def _sqrtm_problems(
+    fn: Callable[[jax.Array], jax.Array], a: jax.Array, da: jax.Array, strict: bool
+) -> list[str] | Feedback:
+    """What is wrong with ``fn`` on one matrix (a Feedback for a stub or a failure)."""
+    tol = SQRTM_TOL
+    n = a.shape[0]
+    x_ref, deriv = _sqrtm_reference(a)
+    value = call_answer(fn, a, what="your inv_sqrtm")
+    if is_stub(value):
+        return verdict(_EX2, [], attempted=False, strict=strict)
+    if failed(value):
+        return [_failed_with_hint(value)]
+    if isinstance(value, (tuple, list)):
+        return [
+            f"your inv_sqrtm returns a {type(value).__name__} of "
+            f"{len(value)} items; return the matrix X alone "
+            "(implicit.root_find returns (X, SolverInfo): take [0])"
+        ]
+    kind = _kind_problem(value, "the matrix X")
+    if kind:
+        return [kind]
+    if np.shape(value) != (n, n):
+        return [
+            f"your inv_sqrtm returns shape {np.shape(value)} for a {n}x{n} A; "
+            "return X with the shape of A (the checker draws the size: build "
+            "the identity as jnp.eye(A.shape[0], dtype=A.dtype))"
+        ]
+    out = call_answer(lambda: jax.jvp(fn, (a,), (da,)), what="jax.jvp of your function")
+    if failed(out):
+        return [_failed_with_hint(out)]
+    method = _method_problem(fn, a, _EX2)
+    if method:
+        return [method]
+    x, dx = out
+    if np.shape(x) == (n, n) and np.allclose(
+        np.asarray(x), -np.asarray(x_ref), rtol=tol
+    ):
+        return [
+            "you found -X, the negative root: A^(-1/2) has positive "
+            "eigenvalues; start Newton from a positive multiple of the identity"
+        ]
+    root = (x_ref @ a) if np.shape(x) == (n, n) else None
+    if root is not None and np.allclose(np.asarray(x), np.asarray(root), rtol=1e-6):
+        return [
+            "you returned A^(1/2), the square root; the exercise asks for "
+            "X = A^(-1/2), the X with X A X = I: change the equation, not the "
+            "start"
+        ]
+    loose = (
+        f"at the scale of a loose solver tolerance (required {tol:g}): iterate "
+        "until the residual is at rounding level, e.g. root_find(..., tol=1e-12)"
+    )
+    problems = tree_mismatches(x, x_ref, rtol=tol, atol=tol, name=f"X ({n}x{n})")
+    if problems:
+        if np.shape(x) == (n, n):
+            inverse = np.linalg.inv(np.asarray(a))
+            if np.allclose(np.asarray(x), inverse, rtol=1e-6):
+                hint = (
+                    "you returned A^(-1), the inverse: X = A^(-1/2) solves "
+                    "X A X = I, not X A = I"
                 )
-            )
-        success = (
-            f"calls custom_root; X = A^(-1/2) and its jvp match the eigendecomposition "
-            f"to {tol:g} (absolute plus relative)"
+            else:
+                hint = _value_hint(
+                    x,
+                    x_ref,
+                    loose,
+                    large=("check the equation: its root must be A^(-1/2), X A X = I"),
+                    stopped_early=(
+                        "either your iteration stops far too early (a loose tol, or "
+                        "an iteration cap it hits: Newton reaches rounding level with "
+                        "tol=1e-12) or your equation's root is not A^(-1/2)"
+                    ),
+                )
+            problems = [f"X: {hint}", *problems]
+        return problems
+    problems = tree_mismatches(dx, deriv(da), rtol=tol, atol=tol, name=f"dX ({n}x{n})")
+    if problems and np.shape(dx) == (n, n):
+        hint = _value_hint(
+            dx,
+            deriv(da),
+            loose,
+            large=(
+                "X is right, so its derivative is wrong: let custom_root (or "
+                "root_find) differentiate the equation, with A passed through it, "
+                "and a tangent solve that solves g(t) = y"
+            ),
+            zero=(
+                "jax.jvp of your function gives dX = 0: X does not depend on A in "
+                "your code's derivative (a stop_gradient, or A used outside the "
+                "equation you pass to custom_root)"
+            ),
         )
-        return verdict(_EX2, problems, success=success, strict=strict)
+        problems = [f"dX: {hint}", *problems]
+    return problems
 
 
 def exercise3_params() -> dict[str, jax.Array]:
@@ -453,19 +584,128 @@ def exercise3_params() -> dict[str, jax.Array]:
         )
 
 
+#: Exercise 3.3: ``b`` values drawn per check (``b0 + TOLERANCE_FIX_SPREAD * normal``).
+TOLERANCE_FIX_CASES = 2
+TOLERANCE_FIX_SPREAD = 0.5
+#: The number of terms of the series in the chapter's ``suspicious_grad``.
+SUSPICIOUS_TERMS = 20
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _deq_gradients(
+    params: dict[str, jax.Array], b: jax.Array, terms: int
+) -> tuple[jax.Array, jax.Array]:
+    """The exact ``∂(Σ z*)/∂b = D (I - W^T D)^{-1} 1`` (``D = diag(1 - z*²)``), and
+    the same with ``(I - W^T D)^{-1}`` replaced by the series ``Σ_{k<K} (W^T D)^k``
+    for K = 1 … ``terms`` (rows), what a truncated tangent series gives."""
+    p = {**params, "b": b}
+    z, _ = fixed_point(deq_layer, jnp.zeros_like(b), p, tol=1e-14, max_iter=10_000)
+    dz = 1.0 - z**2
+    a = jnp.eye(b.shape[0], dtype=b.dtype) - dz[:, None] * p["W"]
+    exact = dz * jnp.linalg.solve(a.T, jnp.ones_like(b))
+    wtd = p["W"].T * dz[None, :]
+
+    def add(carry: tuple[jax.Array, jax.Array], _: None) -> tuple[tuple, jax.Array]:
+        term, total = carry
+        return (wtd @ term, total + wtd @ term), total
+
+    ones = jnp.ones_like(b)
+    _, partial = jax.lax.scan(add, (ones, ones), None, length=terms)
+    return exact, dz * partial
+
+
+def _series_terms(got: object, want: np.ndarray, series: np.ndarray) -> int | None:
+    """K if ``got`` is the K-term series gradient, else None: ``got`` is 100 times
+    closer to that series than the series is to the exact gradient ``want``."""
+    a = np.asarray(got, np.float64)
+    if a.shape != series.shape[1:]:
+        return None
+    scale = float(np.max(np.abs(want))) or 1.0
+    off = np.max(np.abs(series - want), axis=1) / scale
+    err = np.max(np.abs(series - a), axis=1) / scale
+    err = np.where((off > 1e-10) & (err <= 1e-2 * off), err, np.inf)
+    k = int(np.argmin(err))
+    return k + 1 if np.isfinite(err[k]) else None
+
+
+def _tolerance_fix_hint(
+    got: object, want: jax.Array, series: np.ndarray, at_b0: jax.Array
+) -> str:
+    """What kind of wrong a 3.3 gradient is, and what to change."""
+    a = np.asarray(got, np.float64)
+    r = np.asarray(want, np.float64)
+    rel = float(np.max(np.abs(a - r)) / np.max(np.abs(r)))
+    if np.asarray(got).dtype != np.float32 and np.all(np.isfinite(a)):
+        if np.allclose(a, np.asarray(at_b0), rtol=1e-9, atol=0) and not np.allclose(
+            r, np.asarray(at_b0), rtol=1e-6, atol=0
+        ):
+            return (
+                "your gradient is the one at exercise3_params()['b'], not at the b "
+                "your function receives: put that b into the parameters, "
+                "{**ex3, 'b': b}, and differentiate with respect to it"
+            )
+        terms = _series_terms(a, r, series)
+        if terms == SUSPICIOUS_TERMS:
+            return (
+                f"largest error {rel:.1e} relative, as suspicious_grad's: its solve "
+                "converged (its SolverInfo residual is below 1e-13, far below this "
+                "error), so this error does not come from the solve and a tighter "
+                "tolerance will not remove it; change another ingredient of the "
+                "gradient, one at a time"
+            )
+        if terms == 1:
+            return (
+                f"largest error {rel:.1e} relative: your gradient is D·1 with "
+                "D = diag(1 - z*²), the Jacobian-free (phantom) gradient: it drops the "
+                "tangent solve with (I - J)ᵀ; solve that linear system exactly"
+            )
+        if terms is not None:
+            return (
+                f"largest error {rel:.1e} relative: your gradient equals the series "
+                f"I + J + ... + J^{terms - 1} for (I - J)^-1 cut after {terms} terms, "
+                "and this error is the series' remainder: sum terms until it is "
+                "below the tolerance, or solve the tangent system exactly (the "
+                "default dense tangent solve)"
+            )
+    return _value_hint(
+        got,
+        want,
+        f"at the scale of a solver tolerance (required {TOLERANCE_FIX_RTOL:g}): "
+        "a solve stopped at residual r leaves an error up to about 20 r here (the map "
+        "contracts by 0.95): compare it with the residual in your solve's "
+        "SolverInfo, and stop the solve at 1e-13",
+        large=(
+            "the solve is not the cause: check the equation (z = tanh(W z + U x + b)) "
+            "and the derivative rule (the tangent solve must solve its system exactly)"
+        ),
+        tolerance_scale=1e-2,
+    )
+
+
 def check_tolerance_fix(
-    fn: Callable[[jax.Array], jax.Array], *, strict: bool = False
+    fn: Callable[[jax.Array], jax.Array],
+    *,
+    strict: bool = False,
+    seed: int | None = None,
 ) -> Feedback:
     """Exercise 3.3: ``fn(b)`` returns ``∂(Σ z*)/∂b`` for the DEQ of :func:`exercise3_params`.
 
     Compared with the closed form ``D (I - W^T D)^{-1} 1`` (``D = diag(1 - z*²)``) at
-    two values of ``b``, to :data:`TOLERANCE_FIX_RTOL` relative (float64). Any method
-    is accepted.
+    :data:`TOLERANCE_FIX_CASES` values of ``b`` drawn afresh at every check (``b0``,
+    the parameters' own, plus :data:`TOLERANCE_FIX_SPREAD` times a normal draw), to
+    :data:`TOLERANCE_FIX_RTOL` times the gradient's largest entry plus
+    :data:`TOLERANCE_FIX_ATOL` (float64). Any
+    method is accepted. A wrong gradient gets first a line saying what kind of wrong
+    it is: the starter's error, a tangent series cut after K terms, the gradient at
+    ``b0`` whatever ``b``, float32, a constant factor, an error at a solver
+    tolerance's scale or far above it.
 
     Args:
         fn: The student's ``fixed_grad(b)``; a bare stub (``raise NotImplementedError``)
             is reported as not attempted.
         strict: Raise when the answer is wrong (for solution cells).
+        seed: Draw the same ``b`` again (tests, or a repeatable run); ``None`` draws
+            fresh ones.
 
     Returns:
         The :class:`~beyondgrad.exercises.Feedback` (printable), passed or not.
@@ -474,25 +714,17 @@ def check_tolerance_fix(
         ExerciseFailed: With ``strict=True``, when the answer is wrong.
     """
     rtol = TOLERANCE_FIX_RTOL
+    not_a_function = require_callable(fn, "fixed_grad")
+    if not_a_function:
+        return verdict(_EX3, [not_a_function], strict=strict)
+    rng = case_rng(seed)
     with jax.enable_x64(True):
         params = exercise3_params()
-
-        @jax.jit
-        def reference(b: jax.Array) -> jax.Array:
-            p = {**params, "b": b}
-            z, _ = fixed_point(
-                deq_layer, jnp.zeros_like(b), p, tol=1e-14, max_iter=10_000
-            )
-            dz = 1.0 - z**2
-            a = jnp.eye(b.shape[0], dtype=b.dtype) - dz[:, None] * p["W"]
-            return dz * jnp.linalg.solve(a.T, jnp.ones_like(b))
-
-        not_a_function = require_callable(fn, "fixed_grad")
-        if not_a_function:
-            return verdict(_EX3, [not_a_function], strict=strict)
+        b0 = params["b"]
+        noise = rng.normal(size=(TOLERANCE_FIX_CASES, b0.shape[0]))
         problems: list[str] = []
-        for scale in (1.0, -2.0):
-            b = scale * params["b"]
+        for k in range(TOLERANCE_FIX_CASES):
+            b = b0 + TOLERANCE_FIX_SPREAD * jnp.asarray(noise[k])
             got = call_answer(fn, b, what="your gradient function")
             early = early_verdict(_EX3, got, strict=strict)
             if early is not None:
@@ -500,29 +732,23 @@ def check_tolerance_fix(
             kind = _kind_problem(got, "the gradient array")
             if kind:
                 return verdict(_EX3, [kind], strict=strict)
-            want = reference(b)
+            want, series = _deq_gradients(params, b, 2000)
             problems = tree_mismatches(
                 got,
                 want,
-                rtol=rtol,
-                atol=TOLERANCE_FIX_ATOL,
-                name=f"gradient at b = {scale:g} × b0",
+                rtol=0.0,  # relative to the largest entry: small ones round alike
+                atol=TOLERANCE_FIX_ATOL + rtol * float(jnp.max(jnp.abs(want))),
+                name=f"gradient at drawn b number {k + 1}",
                 allow_python_scalars=False,
             )
             if problems:
+                if np.shape(got) == np.shape(want):
+                    at_b0, _ = _deq_gradients(params, b0, 1)
+                    hint = _tolerance_fix_hint(got, want, np.asarray(series), at_b0)
+                    problems = [hint, *problems]
                 break
-        if problems and np.shape(got) == np.shape(want):
-            problems.append(
-                _value_hint(
-                    got,
-                    want,
-                    f"required {rtol:g}; compare it with the residual in your "
-                    "solve's SolverInfo; an error far above that residual does not "
-                    "come from the solve",
-                )
-            )
         success = (
-            f"the gradient matches the exact one to {rtol:g} relative plus "
-            f"{TOLERANCE_FIX_ATOL:g}"
+            f"the gradient matches the exact one to {rtol:g} times its largest entry "
+            f"plus {TOLERANCE_FIX_ATOL:g} at {TOLERANCE_FIX_CASES} drawn b"
         )
         return verdict(_EX3, problems, success=success, strict=strict)
