@@ -87,6 +87,19 @@ def mixed(v):
     return jnp.sum(g**3) + jnp.sum(jnp.exp(-u * rho)) + jnp.sum(r[1:3] * r[:2])
 
 
+def products(v):
+    """dot_general in its forms: the jet on the right, a batch axis that is the owner
+    axis, and a contraction over the owner axis (which mixes particles: dense)."""
+    r = v.reshape(N, 3)
+    h = jnp.tanh(r @ W[:3])  # (N, 5), owner i
+    m = jnp.linspace(-1.0, 1.0, 15).reshape(3, 5)
+    a = jnp.einsum("fg,ig->fi", m, h)  # right operand, owner on the result's axis 1
+    outer = h[:, :, None] * h[:, None, :2]  # (N, 5, 2)
+    b = jnp.einsum("nab,nbc->nac", outer, jnp.ones((N, 2, 3)))  # batch over owners
+    c = r.T @ h  # contraction over the owner axis
+    return jnp.sum(jnp.sin(a)) + jnp.sum(b**2) + jnp.sum(jnp.cos(c))
+
+
 def custom_and_complex(v):
     """An elementwise custom_jvp activation (softplus) and a complex plane wave of
     the pair displacements."""
@@ -108,7 +121,7 @@ def with_control_flow(v):
     return jnp.sum(h**2)
 
 
-CASES = [pair_energy, diagonal_only, pooled, mixed, custom_and_complex]
+CASES = [pair_energy, diagonal_only, pooled, mixed, products, custom_and_complex]
 
 
 @pytest.mark.parametrize("f", [*CASES, with_control_flow], ids=lambda f: f.__name__)

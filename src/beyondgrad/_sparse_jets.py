@@ -283,6 +283,10 @@ OWNER_MAPS = {
     lax.convert_element_type_p: _same,
     lax.copy_p: _same,
     lax.reduce_precision_p: _same,
+    # real-linear maps of each element (r is real, so they commute with ∂)
+    lax.real_p: _same,
+    lax.imag_p: _same,
+    lax.conj_p: _same,
     lax.reshape_p: _reshape,
     lax.broadcast_in_dim_p: _broadcast_in_dim,
     lax.transpose_p: lambda o, p: np.transpose(o, tuple(p["permutation"])),

@@ -67,6 +67,23 @@ program's derivative work by a cost proxy (:class:`_Ledger`), and
 :func:`generic_report` lists each equation sent to it with its compiled flops beside
 the whole program's.
 
+Particle sparsity
+-----------------
+With ``particles = P`` (:func:`forward_jet`), ``r`` holds ``P`` particles of
+``c = d / P`` coordinates, and a value whose elements each depend on one particle
+(or on two, as a pair feature ``h_ij`` does, through two terms) carries its Jacobian
+as particle terms of ``c`` rows each instead of ``d`` rows
+(``beyondgrad._sparse_jets`` states the maths: owner arrays, and the owner masks
+that products and squares of terms need where owners coincide, as on ``i = j``).
+A rule keeps the terms if it declares ``Rule.sparse`` (elementwise functions and
+elementwise ``custom_jvp`` calls, ``add``/``sub``/``mul``/``div``, the reshapes,
+broadcasts, transposes, slices and real-linear maps of ``_sparse_jets.OWNER_MAPS``,
+``reduce_sum``, ``dot_general`` with one operand depending on ``r``,
+``concatenate``, calls); every other rule, control flow and registered rules
+included, receives dense Jets (the terms summed into a ``(d, *shape)`` Jacobian
+first), so the default is always correct. Without ``particles`` nothing changes: the
+program is the dense one.
+
 Complex values
 --------------
 Complex intermediates are carried like real ones (the derivatives are with respect to
@@ -182,7 +199,7 @@ class Rule:
 
     ``sparse`` declares that the rule keeps particle sparsity (:func:`forward_jet`
     with ``particles``): a function ``sparse(eqn, ins) -> outs`` whose ``ins`` hold
-    :class:`~beyondgrad._sparse_jets.SparseJet` s (and plain arrays, never a dense
+    ``SparseJet`` s of ``beyondgrad._sparse_jets`` (and plain arrays, never a dense
     :class:`Jet`), returning SparseJets, Jets or plain arrays, or ``None`` for a case
     it does not cover. A rule without it (``None``), or a ``None`` answer, gets its
     operands as dense Jets: correct by default.
@@ -376,7 +393,7 @@ def _generic_rule(apply: Callable, ins: list) -> list:
 
 # ----------------------------------------------------------------------------- sparse bodies
 # The particle-sparse versions of the rules (``Rule.sparse``; the representation and
-# its maths are in :mod:`beyondgrad._sparse_jets`). Each receives SparseJets and plain
+# its maths are in ``beyondgrad._sparse_jets``). Each receives SparseJets and plain
 # arrays and returns ``None`` for a case it does not cover (the interpreter then
 # passes dense Jets to the rule's ``apply``).
 
@@ -1907,7 +1924,7 @@ def forward_jet(
        \partial v[i] / \partial r_{p c + k} = \sum_t [\mathrm{owner}_t[i] = p]\,
        \mathrm{data}_t[k, i]
 
-    (:mod:`beyondgrad._sparse_jets`): the input has one term (``owner[j] = j // c``), a
+    (``beyondgrad._sparse_jets``): the input has one term (``owner[j] = j // c``), a
     pair feature two (owners ``i`` and ``j``), and products and squares of terms are
     masked where the owners coincide (the diagonal ``i = j``). The rules that declare
     ``Rule.sparse`` (elementwise functions, ``add``/``sub``/``mul``/``div``,
