@@ -100,6 +100,15 @@ def products(v):
     return jnp.sum(jnp.sin(a)) + jnp.sum(b**2) + jnp.sum(jnp.cos(c))
 
 
+def tangled(v):
+    """A term whose owner follows no single axis (the concatenation of a value with
+    owners along axis 0 and one with owners along axis 1), summed either way."""
+    r = v.reshape(N, 3)
+    a = jnp.broadcast_to(jnp.sin(r[:, :1]), (N, N))  # owner i
+    t = jnp.concatenate([a, a.T], axis=1)  # owner i on the left, j on the right
+    return jnp.sum(jnp.cos(t.sum(1))) + jnp.sum(jnp.tanh(t.sum(0))) + jnp.sum(t**3)
+
+
 def custom_and_complex(v):
     """An elementwise custom_jvp activation (softplus) and a complex plane wave of
     the pair displacements."""
@@ -121,7 +130,15 @@ def with_control_flow(v):
     return jnp.sum(h**2)
 
 
-CASES = [pair_energy, diagonal_only, pooled, mixed, products, custom_and_complex]
+CASES = [
+    pair_energy,
+    diagonal_only,
+    pooled,
+    mixed,
+    products,
+    tangled,
+    custom_and_complex,
+]
 
 
 @pytest.mark.parametrize("f", [*CASES, with_control_flow], ids=lambda f: f.__name__)
@@ -346,3 +363,47 @@ def test_a_registered_rule_receives_dense_jets():
 def test_bad_particles(particles, error, match):
     with pytest.raises(error, match=match):
         fl.forward_laplacian(jnp.sum, jnp.ones(12), particles=particles)
+
+
+# ----------------------------------------------------------------------------- folx's cases
+
+#: folx's own test functions (tests/test_folx_cases.py) that exercise the sparse rules:
+#: broadcasting, complex parts, products of two jets, degenerate einsums, indexing,
+#: attention, calls and cond; each with blocks of 3 coordinates where d allows, else 1
+FOLX_CASES = [
+    "elementwise complex",
+    "binary",
+    "matmul both depend on x",
+    "einsum degenerate broadcasts",
+    "slogdet sparsity patterns",
+    "convert to float32, complex64, complex128",
+    "split, pad, add_any",
+    "indexing",
+    "complex parts and mlp",
+    "attention, plain and weighted",
+    "cond and checkpoint",
+    "custom_jvp softplus",
+]
+
+
+@pytest.mark.parametrize("name", FOLX_CASES)
+def test_folx_cases_with_particles_as_without(name):
+    """Particles change the bookkeeping, never the numbers: value, Jacobian and
+    Laplacian as the dense engine's (itself checked against the float64 Hessian trace
+    by test_folx_cases) to float64 rounding."""
+    import test_folx_cases as cases
+
+    case = cases.CASE_BY_NAME[name]
+    particles = case.d // 3 if case.d % 3 == 0 else case.d
+    with jax.enable_x64(True):
+        x = jnp.asarray(np.random.default_rng(case.d).normal(size=case.d))
+
+        def run(p):
+            return cases.compiled(
+                lambda v: fl.forward_laplacian(case.fn, v, particles=p), x
+            )(x)
+
+        for got, want in zip(run(particles), run(None)):
+            got, want = np.asarray(got), np.asarray(want)
+            scale = max(1.0, float(np.max(np.abs(want))))
+            assert float(np.max(np.abs(got - want))) <= 1e-13 * scale
