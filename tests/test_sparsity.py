@@ -407,3 +407,32 @@ def test_folx_cases_with_particles_as_without(name):
             got, want = np.asarray(got), np.asarray(want)
             scale = max(1.0, float(np.max(np.abs(want))))
             assert float(np.max(np.abs(got - want))) <= 1e-13 * scale
+
+
+def test_inside_shard_map():
+    """Walkers sharded over 4 devices (shard_map, vmap inside): the per-shard
+    Laplacians with particles equal the float64 Hessian trace of each walker."""
+    from jax.sharding import PartitionSpec
+
+    from beyondgrad import runtime
+
+    mesh = runtime.demo_mesh(4, "data")
+    with jax.enable_x64(True):
+        xs = _points(count=8, seed=6)
+        want = np.asarray(
+            jax.jit(jax.vmap(lambda v: jnp.trace(jax.hessian(pair_energy)(v))))(xs)
+        )
+
+        def per_shard(block):
+            return jax.vmap(
+                lambda v: fl.forward_laplacian(pair_energy, v, particles=N)[2]
+            )(block)
+
+        sharded = jax.shard_map(
+            per_shard,
+            mesh=mesh,
+            in_specs=PartitionSpec("data"),
+            out_specs=PartitionSpec("data"),
+        )
+        got = np.asarray(jax.jit(sharded)(xs))
+    np.testing.assert_allclose(got, want, rtol=1e-11)
