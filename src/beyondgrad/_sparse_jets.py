@@ -124,7 +124,7 @@ def densify(x: SparseJet) -> jax.Array:
     shape = tuple(x.val.shape)
     jac = None
     for owner, data in x.terms:
-        hot = _one_hot(owner, x.particles, data.dtype)  # (P, ...)
+        hot = jnp.asarray(_one_hot(owner, x.particles, data.dtype))  # (P, ...)
         part = (hot[:, None] * data[None]).reshape((x.d, *shape))
         jac = part if jac is None else jac + part
     assert jac is not None
@@ -222,7 +222,7 @@ def _owner_sum(
             got = jnp.tensordot(data, hot, axes=[[b + 1], [0]])
             got = jnp.expand_dims(jnp.moveaxis(got, -1, 0), b + 2)
     else:  # the general case: the one-hot product, summed
-        hot = _one_hot(owner, particles, data.dtype)
+        hot = jnp.asarray(_one_hot(owner, particles, data.dtype))
         got = jnp.sum(
             hot[:, None] * data[None], axis=tuple(a + 2 for a in vary), keepdims=True
         )

@@ -1767,7 +1767,7 @@ def _check_outputs(eqn: Any, rule: Rule, outs: Any, d: int) -> None:
             for owner, data in out.terms:
                 parts.append(("owner", np.shape(owner), shape))
                 parts.append(("term data", jnp.shape(data), (c, *shape)))
-        if _is_jet(out) and out.lap is not None:
+        if isinstance(out, (Jet, SparseJet)) and out.lap is not None:
             parts.append(("lap", jnp.shape(out.lap), shape))
         for part, got_shape, want in parts:
             if got_shape is None or tuple(got_shape) != want:
