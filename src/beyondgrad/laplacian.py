@@ -31,7 +31,10 @@ number (the last one in expectation):
     (:func:`beyondgrad.forward_laplacian.forward_laplacian`, Chapter 5): the same
     one-pass propagation of value, Jacobian and Laplacian, by an interpreter of ``f``'s
     jaxpr with a rule per JAX primitive. Forward mode throughout, so it also
-    differentiates ``lax.while_loop``, which the reverse-mode methods cannot.
+    differentiates ``lax.while_loop``, which the reverse-mode methods cannot. With
+    ``particles=n`` (``x`` the coordinates of ``n`` particles in equal consecutive
+    blocks) values that depend on one or two particles per element carry only those
+    particles' Jacobian rows (the same numbers, less work on pair features).
 ``"hutchinson"``
     the unbiased stochastic estimate :math:`\\frac1S\\sum_s v_s^\\top H v_s` with
     Rademacher probes :math:`v_s` (:math:`E[v v^\\top] = I`). One key gives one set of
