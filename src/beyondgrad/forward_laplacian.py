@@ -67,6 +67,23 @@ program's derivative work by a cost proxy (:class:`_Ledger`), and
 :func:`generic_report` lists each equation sent to it with its compiled flops beside
 the whole program's.
 
+Particle sparsity
+-----------------
+With ``particles = P`` (:func:`forward_jet`), ``r`` holds ``P`` particles of
+``c = d / P`` coordinates, and a value whose elements each depend on one particle
+(or on two, as a pair feature ``h_ij`` does, through two terms) carries its Jacobian
+as particle terms of ``c`` rows each instead of ``d`` rows
+(``beyondgrad._sparse_jets`` states the maths: owner arrays, and the owner masks
+that products and squares of terms need where owners coincide, as on ``i = j``).
+A rule keeps the terms if it declares ``Rule.sparse`` (elementwise functions and
+elementwise ``custom_jvp`` calls, ``add``/``sub``/``mul``/``div``, the reshapes,
+broadcasts, transposes, slices and real-linear maps of ``_sparse_jets.OWNER_MAPS``,
+``reduce_sum``, ``dot_general`` with one operand depending on ``r``,
+``concatenate``, calls); every other rule, control flow and registered rules
+included, receives dense Jets (the terms summed into a ``(d, *shape)`` Jacobian
+first), so the default is always correct. Without ``particles`` nothing changes: the
+program is the dense one.
+
 Complex values
 --------------
 Complex intermediates are carried like real ones (the derivatives are with respect to
@@ -119,6 +136,8 @@ import numpy as np
 from jax import lax
 
 from beyondgrad import _checks, compat
+from beyondgrad import _sparse_jets as sp
+from beyondgrad._sparse_jets import SparseJet, Term
 from beyondgrad.compat import Primitive
 from beyondgrad.compat import primitives as P
 
@@ -177,11 +196,19 @@ class Rule:
     ``"elementwise"``, ``"reduction"``, ``"constant"``, ``"call"``, ``"control"``,
     ``"generic"``, ``"custom"``, ``"triples"``, ``"custom_vjp"``); ``detail`` says more
     (the linear positions, the sub-jaxpr parameter, …).
+
+    ``sparse`` declares that the rule keeps particle sparsity (:func:`forward_jet`
+    with ``particles``): a function ``sparse(eqn, ins) -> outs`` whose ``ins`` hold
+    ``SparseJet`` s of ``beyondgrad._sparse_jets`` (and plain arrays, never a dense
+    :class:`Jet`), returning SparseJets, Jets or plain arrays, or ``None`` for a case
+    it does not cover. A rule without it (``None``), or a ``None`` answer, gets its
+    operands as dense Jets: correct by default.
     """
 
     kind: str
     apply: Callable[[Any, list[Any]], list[Any]]
     detail: str = ""
+    sparse: Callable[[Any, list[Any]], list[Any] | None] | None = None
 
     def __call__(self, eqn: Any, ins: list[Any]) -> list[Any]:
         return self.apply(eqn, ins)
@@ -218,16 +245,24 @@ def _zeros_if_none(lap: jax.Array | None, like: jax.Array) -> jax.Array:
     return jnp.zeros_like(like) if lap is None else lap
 
 
+def _is_jet(x: Any) -> bool:
+    return isinstance(x, (Jet, SparseJet))
+
+
 def _val(x: Any) -> Any:
-    return x.val if isinstance(x, Jet) else x
+    return x.val if _is_jet(x) else x
 
 
 def _dep(ins: Sequence[Any]) -> list[int]:
-    return [k for k, x in enumerate(ins) if isinstance(x, Jet)]
+    return [k for k, x in enumerate(ins) if _is_jet(x)]
 
 
 def _jet_dim(ins: Sequence[Any]) -> int:
-    return next(int(x.jac.shape[0]) for x in ins if isinstance(x, Jet))
+    return next(
+        x.d if isinstance(x, SparseJet) else int(x.jac.shape[0])
+        for x in ins
+        if _is_jet(x)
+    )
 
 
 #: summed axes at most this long are summed slice by slice (see :func:`_sum_axes`)
@@ -295,14 +330,20 @@ def _bilinear_rule(apply: Callable, a: Jet, b: Jet) -> list:
     return [Jet(out, jac, lap)]
 
 
+def _slopes(apply: Callable, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(f(v), f'(v), f''(v))`` of an elementwise ``f``: forward over forward on ones."""
+    ones = jnp.ones_like(v)
+
+    def slope(u: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jax.jvp(lambda w: apply([w])[0], (u,), (ones,))
+
+    (out, d1), (_, d2) = jax.jvp(slope, (v,), (ones,))
+    return out, d1, d2
+
+
 def _unary_rule(apply: Callable, x: Jet) -> list:
     """Elementwise ``f``: jac = f'(x) jac_x, lap = f'(x) lap_x + f''(x) sum_k jac_x[k]^2."""
-    ones = jnp.ones_like(x.val)
-
-    def slope(v: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return jax.jvp(lambda u: apply([u])[0], (v,), (ones,))
-
-    (out, d1), (_, d2) = jax.jvp(slope, (x.val,), (ones,))
+    out, d1, d2 = _slopes(apply, x.val)
     if not _is_float(out):
         return [out]
     lap = d2 * _sum_axes(x.jac * x.jac, (0,))
@@ -348,6 +389,217 @@ def _generic_rule(apply: Callable, ins: list) -> list:
         Jet(o, j, lp + _sum_axes(s, (0,))) if fl else o
         for o, j, s, lp, fl in zip(outs, firsts, seconds, lin, float_out)
     ]
+
+
+# ----------------------------------------------------------------------------- sparse bodies
+# The particle-sparse versions of the rules (``Rule.sparse``; the representation and
+# its maths are in ``beyondgrad._sparse_jets``). Each receives SparseJets and plain
+# arrays and returns ``None`` for a case it does not cover (the interpreter then
+# passes dense Jets to the rule's ``apply``).
+
+
+def _densify(x: Any) -> Any:
+    """A SparseJet as the dense :class:`Jet` it stands for; anything else unchanged."""
+    if isinstance(x, SparseJet):
+        return Jet(x.val, sp.densify(x), x.lap)
+    return x
+
+
+def _out_shape(eqn: Any, k: int = 0) -> tuple[int, ...]:
+    return tuple(eqn.outvars[k].aval.shape)
+
+
+def _sparse_unary(apply: Callable, x: SparseJet) -> list:
+    """Elementwise ``f``: each term's data times ``f'(x)``;
+    ``lap = f'(x) lap_x + f''(x) sum_q (∂_q x)^2`` (the sum by owner masks)."""
+    out, d1, d2 = _slopes(apply, x.val)
+    if not _is_float(out):
+        return [out]
+    lap = d2 * sp.coordinate_dot(x, x)
+    if x.lap is not None:
+        lap = lap + d1 * x.lap
+    terms = tuple(Term(owner, d1 * data) for owner, data in x.terms)
+    return [SparseJet(out, terms, lap, x.particles)]
+
+
+def _sparse_structural(eqn: Any, ins: list) -> list | None:
+    """A primitive that moves, repeats or selects elements (``reshape``,
+    ``broadcast_in_dim``, ``transpose``, ``slice``, …) or acts on each alone linearly
+    (``neg``, ``convert_element_type``): the primitive on each term's data (one row per
+    coordinate of the block) and on the Laplacian, its owner map on the owners."""
+    owner_map = sp.OWNER_MAPS.get(eqn.primitive)
+    if owner_map is None or len(ins) != 1:
+        return None
+    (x,) = ins
+    owners = [owner_map(owner, eqn.params) for owner, _ in x.terms]
+    if any(o is None for o in owners):
+        return None
+
+    def f(v: jax.Array) -> jax.Array:
+        return bind(eqn, [v])[0]
+
+    out = f(x.val)
+    terms = [
+        Term(np.asarray(o), jax.vmap(f)(data)) for o, (_, data) in zip(owners, x.terms)
+    ]
+    lap = None if x.lap is None else f(x.lap)
+    return [SparseJet(out, sp.merge(terms), lap, x.particles)]
+
+
+def _add_laps(*laps: jax.Array | None) -> jax.Array | None:
+    present = [lp for lp in laps if lp is not None]
+    return functools.reduce(jnp.add, present) if present else None
+
+
+def _sparse_add(eqn: Any, ins: list) -> list | None:
+    """``add``/``sub``: the terms of both operands (broadcast to the result's shape,
+    the subtrahend's negated), equal owners merged; the Laplacians added."""
+    shape = _out_shape(eqn)
+    (out,) = bind(eqn, [_val(x) for x in ins])
+    negate = eqn.primitive is lax.sub_p
+    terms: list[Term] = []
+    laps: list[jax.Array | None] = []
+    particles = 0
+    for k, x in enumerate(ins):
+        if not isinstance(x, SparseJet):
+            continue
+        x = sp.broadcast(x, shape)
+        particles = x.particles
+        sign = -1 if negate and k == 1 else 1
+        terms += [Term(o, data if sign == 1 else -data) for o, data in x.terms]
+        laps.append(None if x.lap is None else (x.lap if sign == 1 else -x.lap))
+    return [SparseJet(out, sp.merge(terms), _add_laps(*laps), particles)]
+
+
+def _sparse_product(a: Any, b: Any, out: jax.Array) -> list:
+    """``a * b`` elementwise (both of ``out``'s shape or plain): each operand's terms
+    times the other's value; ``lap = a Δb + b Δa + 2 sum_q ∂_q a ∂_q b``."""
+    terms: list[Term] = []
+    laps: list[jax.Array | None] = []
+    va, vb = _val(a), _val(b)
+    if isinstance(a, SparseJet):
+        terms += [Term(o, data * vb) for o, data in a.terms]
+        laps.append(None if a.lap is None else a.lap * vb)
+    if isinstance(b, SparseJet):
+        terms += [Term(o, va * data) for o, data in b.terms]
+        laps.append(None if b.lap is None else va * b.lap)
+    if isinstance(a, SparseJet) and isinstance(b, SparseJet):
+        laps.append(2.0 * sp.coordinate_dot(a, b))
+    particles = next(x.particles for x in (a, b) if isinstance(x, SparseJet))
+    return [SparseJet(out, sp.merge(terms), _add_laps(*laps), particles)]
+
+
+def _sparse_mul(eqn: Any, ins: list) -> list | None:
+    shape = _out_shape(eqn)
+    (out,) = bind(eqn, [_val(x) for x in ins])
+    a, b = (sp.broadcast(x, shape) if isinstance(x, SparseJet) else x for x in ins)
+    return _sparse_product(a, b, out)
+
+
+def _sparse_div(eqn: Any, ins: list) -> list | None:
+    """``a / b``: linear in ``a`` (data and Laplacian divided by ``b``); a ``b`` that
+    depends on r: ``a * (1/b)``, the elementwise rule for ``1/b`` then the product."""
+    shape = _out_shape(eqn)
+    (out,) = bind(eqn, [_val(x) for x in ins])
+    a, b = (sp.broadcast(x, shape) if isinstance(x, SparseJet) else x for x in ins)
+    if not isinstance(b, SparseJet):
+        terms = tuple(Term(o, data / b) for o, data in a.terms)
+        lap = None if a.lap is None else a.lap / b
+        return [SparseJet(out, terms, lap, a.particles)]
+    if _is_complex(b.val):
+        return None
+    (inv,) = _sparse_unary(lambda v: [1.0 / v[0]], b)
+    return _sparse_product(a, inv, out)
+
+
+def _sparse_reduce_sum(eqn: Any, ins: list) -> list | None:
+    """``reduce_sum``: a term whose owner is constant along the summed axes stays a
+    term (its data summed); one whose owner varies there mixes particles and becomes
+    a dense Jacobian (and then the whole result is a dense :class:`Jet`)."""
+    (x,) = ins
+    axes = tuple(eqn.params["axes"])
+    val = _sum_axes(x.val, axes)
+    lap = None if x.lap is None else _sum_axes(x.lap, axes)
+    kept, dense = sp.reduce_sum(x, axes)
+    if dense is None:
+        return [SparseJet(val, kept, lap, x.particles)]
+    if kept:
+        dense = dense + sp.densify(SparseJet(val, kept, lap, x.particles))
+    return [Jet(val, dense, lap)]
+
+
+def _sparse_dot_general(eqn: Any, ins: list) -> list | None:
+    """``dot_general`` with one operand depending on r, contracting axes along which
+    its owners are constant (``h @ W`` over features): linear, each term's data
+    through the same product, its owners placed at the result's axes (batch axes,
+    then the free axes of the left operand, then those of the right)."""
+    dep = _dep(ins)
+    if len(dep) != 1:
+        return None
+    (k,) = dep
+    x, other = ins[k], ins[1 - k]
+    (contract_l, contract_r), (batch_l, batch_r) = eqn.params["dimension_numbers"]
+    contract, batch = (contract_l, batch_l) if k == 0 else (contract_r, batch_r)
+    other_free = jnp.ndim(other) - len(contract_l) - len(batch_l)
+    free = [a for a in range(x.val.ndim) if a not in contract and a not in batch]
+    shape = _out_shape(eqn)
+
+    def f(v: jax.Array) -> jax.Array:
+        return bind(eqn, [v, other] if k == 0 else [other, v])[0]
+
+    terms = []
+    for owner, data in x.terms:
+        if not sp.constant_along(owner, tuple(contract)):
+            return None
+        moved = np.transpose(owner, (*batch, *free, *contract))
+        moved = moved[(Ellipsis,) + (0,) * len(contract)] if contract else moved
+        nb = len(batch)
+        if k == 0:
+            placed = moved.reshape(moved.shape + (1,) * other_free)
+        else:
+            placed = moved.reshape(
+                moved.shape[:nb] + (1,) * other_free + moved.shape[nb:]
+            )
+        terms.append(Term(np.broadcast_to(placed, shape), jax.vmap(f)(data)))
+    lap = None if x.lap is None else f(x.lap)
+    return [SparseJet(f(x.val), sp.merge(terms), lap, x.particles)]
+
+
+def _sparse_concatenate(eqn: Any, ins: list) -> list | None:
+    """``concatenate``: term ``t`` of the result joins term ``t`` of each operand (zero
+    data, with owners copied from a neighbour, where an operand has fewer terms or
+    does not depend on r): exact whatever the operands' terms are."""
+    dim = eqn.params["dimension"]
+    jets = [x for x in ins if isinstance(x, SparseJet)]
+    (out,) = bind(eqn, [_val(x) for x in ins])
+    c, particles = jets[0].block, jets[0].particles
+    terms = []
+    for t in range(max(len(x.terms) for x in jets)):
+        ref = next(x.terms[t].owner for x in jets if len(x.terms) > t)
+        owners, datas = [], []
+        for x in ins:
+            shape = tuple(jnp.shape(_val(x)))
+            if isinstance(x, SparseJet) and len(x.terms) > t:
+                owners.append(x.terms[t].owner)
+                datas.append(x.terms[t].data)
+            else:
+                owners.append(np.broadcast_to(np.take(ref, [0], axis=dim), shape))
+                datas.append(jnp.zeros((c, *shape), out.dtype))
+        terms.append(
+            Term(np.concatenate(owners, axis=dim), jnp.concatenate(datas, axis=dim + 1))
+        )
+    lap = None
+    if any(x.lap is not None for x in jets):
+        lap = jnp.concatenate(
+            [
+                _zeros_if_none(x.lap, x.val)
+                if isinstance(x, SparseJet)
+                else jnp.zeros(jnp.shape(x), out.dtype)
+                for x in ins
+            ],
+            axis=dim,
+        )
+    return [SparseJet(out, sp.merge(terms), lap, particles)]
 
 
 # ----------------------------------------------------------------------------- constructors
@@ -472,7 +724,13 @@ def elementwise(*, holomorphic: bool = True) -> Rule:
             return _GENERIC(eqn, ins)
         return _unary_rule(functools.partial(bind, eqn), ins[0])
 
-    return Rule("elementwise", apply, "holomorphic" if holomorphic else "real only")
+    def sparse(eqn: Any, ins: list) -> list | None:
+        if len(ins) != 1 or (not holomorphic and _is_complex(ins[0].val)):
+            return None
+        return _sparse_unary(functools.partial(bind, eqn), ins[0])
+
+    detail = "holomorphic" if holomorphic else "real only"
+    return Rule("elementwise", apply, detail, sparse)
 
 
 def reduction() -> Rule:
@@ -481,17 +739,18 @@ def reduction() -> Rule:
         "reduction",
         lambda eqn, ins: _reduce_sum_rule(ins[0], tuple(eqn.params["axes"])),
         "sum over eqn.params['axes']",
+        _sparse_reduce_sum,
     )
 
 
 def constant() -> Rule:
     """Results that do not depend on ``r`` (integer or boolean results, or a derivative
     that is zero almost everywhere: ``floor``, ``round``, comparisons): plain values."""
-    return Rule(
-        "constant",
-        lambda eqn, ins: bind(eqn, [_val(x) for x in ins]),
-        "zero derivative",
-    )
+
+    def apply(eqn: Any, ins: list) -> list:
+        return bind(eqn, [_val(x) for x in ins])
+
+    return Rule("constant", apply, "zero derivative", apply)
 
 
 def call(*params: str) -> Rule:
@@ -513,9 +772,15 @@ def call(*params: str) -> Rule:
         inner, consts = _open(eqn.params[param])
         return _interpret(inner, consts, ins)
 
-    return Rule(
-        "call", apply, " or ".join(f"sub-jaxpr eqn.params[{k!r}]" for k in params)
-    )
+    def sparse(eqn: Any, ins: list) -> list | None:
+        param = next((k for k in params if k in eqn.params), None)
+        if param is None:
+            return None
+        inner, consts = _open(eqn.params[param])
+        return _interpret(inner, consts, ins)
+
+    detail = " or ".join(f"sub-jaxpr eqn.params[{k!r}]" for k in params)
+    return Rule("call", apply, detail, sparse)
 
 
 def custom(fn: Callable[[Any, list[Any]], list[Any]], detail: str = "") -> Rule:
@@ -859,6 +1124,17 @@ def _custom_jvp_rule(eqn: Any, ins: list) -> list:
     return _GENERIC(eqn, ins)
 
 
+def _sparse_custom_jvp(eqn: Any, ins: list) -> list | None:
+    """An elementwise ``custom_jvp`` call keeps particle sparsity (the elementwise
+    rule with the custom rule's derivatives); any other is made dense."""
+    dep = _dep(ins)
+    if len(dep) != 1 or not _pointwise_custom_jvp(eqn, ins):
+        return None
+    k = dep[0]
+    vals = [_val(x) for x in ins]
+    return _sparse_unary(lambda v: bind(eqn, [*vals[:k], v[0], *vals[k + 1 :]]), ins[k])
+
+
 def _open(sub: Any) -> tuple[Any, list]:
     """A sub-jaxpr parameter as ``(jaxpr, consts)`` (a ClosedJaxpr or an open Jaxpr)."""
     if hasattr(sub, "consts"):
@@ -1001,6 +1277,25 @@ RULES: dict[Primitive, Rule] = {
         "custom_vjp", _custom_vjp_rule, "the whole function as method='hessian'"
     ),
 }
+
+
+def _keeps_sparsity(
+    sparse: Callable[[Any, list[Any]], list[Any] | None], *primitives: Primitive
+) -> None:
+    """Declare that the rules of ``primitives`` keep particle sparsity (``Rule.sparse``;
+    :func:`elementwise`, :func:`reduction`, :func:`constant` and :func:`call` declare
+    it themselves)."""
+    for primitive in primitives:
+        RULES[primitive] = dataclasses.replace(RULES[primitive], sparse=sparse)
+
+
+_keeps_sparsity(_sparse_structural, *sp.OWNER_MAPS)
+_keeps_sparsity(_sparse_add, lax.add_p, lax.sub_p, P.add_jaxvals_p)
+_keeps_sparsity(_sparse_mul, lax.mul_p)
+_keeps_sparsity(_sparse_div, lax.div_p)
+_keeps_sparsity(_sparse_dot_general, lax.dot_general_p)
+_keeps_sparsity(_sparse_concatenate, lax.concatenate_p)
+_keeps_sparsity(_sparse_custom_jvp, P.custom_jvp_call_p)
 
 #: Primitives for which the generic rule (forward over forward mode on the primitive
 #: alone) is the deliberate choice: no cheaper structure, or the custom rule must be
@@ -1459,12 +1754,21 @@ def _check_outputs(eqn: Any, rule: Rule, outs: Any, d: int) -> None:
         )
     for k, (var, out) in enumerate(zip(eqn.outvars, outs)):
         shape = tuple(var.aval.shape)
-        val = out.val if isinstance(out, Jet) else out
+        val = _val(out)
         parts = [("value", None if val is None else jnp.shape(val), shape)]
         if isinstance(out, Jet):
             parts.append(("jac", jnp.shape(out.jac), (d, *shape)))
-            if out.lap is not None:
-                parts.append(("lap", jnp.shape(out.lap), shape))
+        if isinstance(out, SparseJet):
+            if not out.terms:
+                raise ValueError(
+                    f"{name} returned result {k} as a SparseJet of no terms"
+                )
+            c = d // out.particles
+            for owner, data in out.terms:
+                parts.append(("owner", np.shape(owner), shape))
+                parts.append(("term data", jnp.shape(data), (c, *shape)))
+        if isinstance(out, (Jet, SparseJet)) and out.lap is not None:
+            parts.append(("lap", jnp.shape(out.lap), shape))
         for part, got_shape, want in parts:
             if got_shape is None or tuple(got_shape) != want:
                 raise ValueError(
@@ -1482,9 +1786,20 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
         env[var] = value
     for eqn in jaxpr.eqns:
         ins = [compat.jaxpr_atom_value(a, env) for a in eqn.invars]
-        if any(isinstance(x, Jet) for x in ins) and has_float_result(eqn):
+        if any(_is_jet(x) for x in ins) and has_float_result(eqn):
             rule = rule_for(eqn.primitive, _jet_dim(ins))
-            outs = rule(eqn, ins)
+            outs = None
+            if any(isinstance(x, SparseJet) for x in ins):
+                if (
+                    rule.sparse is not None
+                    and not any(isinstance(x, Jet) for x in ins)
+                    and all(jnp.size(_val(x)) for x in ins)
+                ):
+                    outs = rule.sparse(eqn, ins)
+                if outs is None:  # not covered: the dense rule on dense jets
+                    ins = [_densify(x) for x in ins]
+            if outs is None:
+                outs = rule(eqn, ins)
             _check_outputs(eqn, rule, outs, _jet_dim(ins))
             if _LEDGERS and rule.kind not in ("call", "control"):
                 cost = (_jet_dim(ins) + 1) * sum(_size(o) for o in outs)
@@ -1498,7 +1813,7 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
 
 
 def forward_laplacian(
-    fn: Callable[[jax.Array], jax.Array], r: jax.Array
+    fn: Callable[[jax.Array], jax.Array], r: jax.Array, *, particles: int | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(f(r), ∂f/∂r, Σ_k ∂²f/∂r_k²)`` of ``fn`` at a 1-D ``r``, in one forward pass.
 
@@ -1518,10 +1833,21 @@ def forward_laplacian(
     Returns shapes ``out``, ``(*out, d)`` (Jacobian, last axis = input coordinate) and
     ``out`` (``fn`` returns one array of shape ``out``).
 
+    With ``particles = P``, ``r`` is read as ``P`` particles of ``c = d / P``
+    coordinates each (``r[p c : (p + 1) c]`` is particle ``p``), and a value that
+    depends on one or two particles per element (an electron's features, a pair
+    feature :math:`h_{ij}`) carries its Jacobian as particle terms, ``c`` rows per
+    term instead of ``d`` (:func:`forward_jet`). Same numbers, less work where the
+    network keeps such values; every rule that does not declare sparse support
+    (``Rule.sparse``) receives dense jets.
+
     Args:
         fn: a JAX-traceable function of one 1-D array of shape ``(d,)`` that returns
             one array (of any shape ``out``, not a pytree).
         r: the point, a 1-D floating-point array of shape ``(d,)``.
+        particles: ``None`` (dense Jacobians throughout) or the number of particles
+            ``P`` whose coordinates ``r`` holds in equal consecutive blocks (``P``
+            divides ``d``; ``r = positions.reshape(-1)`` for ``(P, 3)`` positions).
 
     Returns:
         A tuple ``(value, jacobian, laplacian)``: ``fn(r)`` of shape ``out``, the
@@ -1529,11 +1855,32 @@ def forward_laplacian(
 
     Raises:
         TypeError: if the arguments are swapped (an array first, a function second)
-            or ``fn`` returns more than one array.
-        ValueError: if ``r`` is not a 1-D floating-point array.
+            or ``fn`` returns more than one array; ``particles`` not an int.
+        ValueError: if ``r`` is not a 1-D floating-point array; ``particles < 1`` or
+            not dividing ``d``.
     """
-    jet = forward_jet(fn, r)
+    jet = forward_jet(fn, r, particles=particles)
     return jet.val, jnp.moveaxis(jet.jac, 0, -1), _zeros_if_none(jet.lap, jet.val)
+
+
+def _check_particles(particles: object, d: int) -> None:
+    """``particles`` is ``None`` or a positive int dividing ``d``."""
+    if particles is None:
+        return
+    count = _checks.integer(
+        particles,
+        "particles",
+        minimum=1,
+        meaning="the number of particles whose coordinates r holds",
+        where="forward_laplacian: ",
+    )
+    if d % count:
+        raise ValueError(
+            f"forward_laplacian: particles={particles} does not divide the input size "
+            f"d = {d}; r must hold the particles' coordinates in equal consecutive "
+            "blocks: pass particles=n for r = positions.reshape(-1) of n particles, "
+            "or particles=None (dense)"
+        )
 
 
 def _hessian_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
@@ -1562,15 +1909,37 @@ def basis(x: jax.Array) -> jax.Array:
     return compat.varying_like(jnp.eye(x.shape[0], dtype=x.dtype), x)
 
 
-def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
-    """The :class:`Jet` of ``fn`` at a 1-D ``r``: :func:`forward_laplacian` with the
+def forward_jet(
+    fn: Callable[[jax.Array], jax.Array], r: jax.Array, *, particles: int | None = None
+) -> Jet:
+    r"""The :class:`Jet` of ``fn`` at a 1-D ``r``: :func:`forward_laplacian` with the
     Jacobian's input axis first, ``(d, *out)`` (the layout the interpreter carries, and
     the one :func:`beyondgrad.slater.orbital_derivatives` contracts without a transpose).
+
+    Particle sparsity (``particles = P``, ``c = d / P``): inside the program a value
+    :math:`v` may carry, instead of the dense ``(d, *v.shape)`` Jacobian, terms
+    ``(owner, data)`` with ``data`` of shape ``(c, *v.shape)`` and
+
+    .. math::
+       \partial v[i] / \partial r_{p c + k} = \sum_t [\mathrm{owner}_t[i] = p]\,
+       \mathrm{data}_t[k, i]
+
+    (``beyondgrad._sparse_jets``): the input has one term (``owner[j] = j // c``), a
+    pair feature two (owners ``i`` and ``j``), and products and squares of terms are
+    masked where the owners coincide (the diagonal ``i = j``). The rules that declare
+    ``Rule.sparse`` (elementwise functions, ``add``/``sub``/``mul``/``div``,
+    reshapes, broadcasts, transposes, slices, ``reduce_sum``, ``dot_general`` with one
+    operand depending on ``r``, ``concatenate``, calls) keep it; a sum over an axis
+    along which the owner varies, and every other rule, makes the value dense. The
+    result is the same Jet (dense ``jac``) either way.
 
     Args:
         fn: a JAX-traceable function of one 1-D array of shape ``(d,)`` that returns
             one array (of any shape ``out``, not a pytree).
         r: the point, a 1-D floating-point array of shape ``(d,)``.
+        particles: ``None`` (dense Jacobians throughout) or the number of particles
+            ``P`` whose coordinates ``r`` holds in equal consecutive blocks (``P``
+            divides ``d``).
 
     Returns:
         A :class:`Jet` ``(val, jac, lap)``: ``val = fn(r)`` of shape ``out``, ``jac``
@@ -1578,8 +1947,9 @@ def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
 
     Raises:
         TypeError: if the arguments are swapped (an array first, a function second)
-            or ``fn`` returns more than one array.
-        ValueError: if ``r`` is not a 1-D floating-point array.
+            or ``fn`` returns more than one array; ``particles`` not an int.
+        ValueError: if ``r`` is not a 1-D floating-point array; ``particles < 1`` or
+            not dividing ``d``.
     """
     if callable(r) and not callable(fn):
         raise TypeError(
@@ -1591,6 +1961,7 @@ def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
         raise ValueError(
             f"r must be a 1-D floating-point array, got shape {r.shape}, dtype {r.dtype}"
         )
+    _check_particles(particles, r.shape[0])
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(r)
     if not isinstance(out_shape, jax.ShapeDtypeStruct):
         raise TypeError(
@@ -1602,7 +1973,11 @@ def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
     _LEDGERS.append(ledger)
     _MASK_CACHES.append({})
     try:
-        (out,) = _interpret(closed.jaxpr, list(closed.consts), [Jet(r, basis(r), None)])
+        if particles is None or r.shape[0] == 0:
+            start: Any = Jet(r, basis(r), None)
+        else:
+            start = sp.seed(r, particles)
+        (out,) = _interpret(closed.jaxpr, list(closed.consts), [start])
     except _NeedsHessian as seen:
         primitive = seen.args[0]
         if primitive not in _WARNED:
@@ -1633,6 +2008,7 @@ def forward_jet(fn: Callable[[jax.Array], jax.Array], r: jax.Array) -> Jet:
             GenericRuleWarning,
             stacklevel=2,
         )
+    out = _densify(out)
     if not isinstance(out, Jet):  # fn does not depend on r
         out = Jet(out, jnp.zeros((r.shape[0], *jnp.shape(out)), r.dtype), None)
     return Jet(out.val, out.jac, _zeros_if_none(out.lap, out.val))

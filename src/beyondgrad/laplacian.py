@@ -31,7 +31,10 @@ number (the last one in expectation):
     (:func:`beyondgrad.forward_laplacian.forward_laplacian`, Chapter 5): the same
     one-pass propagation of value, Jacobian and Laplacian, by an interpreter of ``f``'s
     jaxpr with a rule per JAX primitive. Forward mode throughout, so it also
-    differentiates ``lax.while_loop``, which the reverse-mode methods cannot.
+    differentiates ``lax.while_loop``, which the reverse-mode methods cannot. With
+    ``particles=n`` (``x`` the coordinates of ``n`` particles in equal consecutive
+    blocks) values that depend on one or two particles per element carry only those
+    particles' Jacobian rows (the same numbers, less work on pair features).
 ``"hutchinson"``
     the unbiased stochastic estimate :math:`\\frac1S\\sum_s v_s^\\top H v_s` with
     Rademacher probes :math:`v_s` (:math:`E[v v^\\top] = I`). One key gives one set of
@@ -91,13 +94,15 @@ Method = Literal["hessian", "loop", "vmap", "folx", "forward", "hutchinson"]
 class LaplacianOptions(TypedDict, total=False):
     """The keyword options :func:`laplacian` and :func:`kinetic_energy` pass on to
     :func:`grad_and_laplacian` (defaults there: ``method="loop"``, ``key=None``,
-    ``num_samples=None`` (16 probes), ``sparsity_threshold=None`` (0, dense)). An
-    option read by one method only is an error with any other method."""
+    ``num_samples=None`` (16 probes), ``sparsity_threshold=None`` (0, dense),
+    ``particles=None`` (dense)). An option read by one method only is an error with
+    any other method."""
 
     method: Method
     key: jax.Array | None
     num_samples: int | None
     sparsity_threshold: float | None
+    particles: int | None
 
 
 METHODS: tuple[str, ...] = ("hessian", "loop", "vmap", "folx", "forward", "hutchinson")
@@ -173,6 +178,7 @@ _OPTION_OF = {
     "key": "hutchinson",
     "num_samples": "hutchinson",
     "sparsity_threshold": "folx",
+    "particles": "forward",
 }
 
 
@@ -223,6 +229,7 @@ def grad_and_laplacian(
     key: jax.Array | None = None,
     num_samples: int | None = None,
     sparsity_threshold: float | None = None,
+    particles: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(∇f(x), Δf(x))`` computed together, shapes ``(d,)`` and ``()``.
 
@@ -242,6 +249,10 @@ def grad_and_laplacian(
             with another method).
         sparsity_threshold: folx's sparsity threshold for ``"folx"`` (default 0,
             dense; refused with another method).
+        particles: for ``"forward"``, the number of particles whose coordinates
+            ``x`` holds in equal consecutive blocks (particle sparsity, see
+            :func:`beyondgrad.forward_laplacian.forward_jet`; default dense; refused
+            with another method).
 
     Returns:
         ``(gradient (d,), Laplacian ())``.
@@ -261,6 +272,7 @@ def grad_and_laplacian(
             "key": key,
             "num_samples": num_samples,
             "sparsity_threshold": sparsity_threshold,
+            "particles": particles,
         },
     )
     if method == "hutchinson":
@@ -272,7 +284,7 @@ def grad_and_laplacian(
     if method == "folx":
         return _folx_grad_and_laplacian(f, x, sparsity_threshold)
     if method == "forward":
-        _, jac, lap = forward_laplacian(f, x)
+        _, jac, lap = forward_laplacian(f, x, particles=particles)
         return jac.reshape(x.shape), lap
     g, hvp = _linearize_grad(f, x)  # hvp(v) = H v, reusing the linearization
     if method == "loop":
@@ -492,14 +504,15 @@ def laplacian(
     ``method`` is one of ``"hessian"``, ``"loop"``, ``"vmap"``, ``"folx"``,
     ``"forward"``, ``"hutchinson"`` (see the module docstring). ``"hutchinson"``
     needs ``key`` and averages ``num_samples`` Rademacher probes; ``"folx"`` passes
-    ``sparsity_threshold`` to ``folx.forward_laplacian`` (0 = dense). An option of
+    ``sparsity_threshold`` to ``folx.forward_laplacian`` (0 = dense), and
+    ``"forward"`` reads ``particles`` (particle sparsity). An option of
     another method is a ``TypeError``, not silently ignored.
 
     Args:
         f: a scalar function of a 1-D array.
         x: the point, 1-D and floating-point.
-        **options: ``method``, ``key``, ``num_samples``, ``sparsity_threshold`` (see
-            :func:`grad_and_laplacian`).
+        **options: ``method``, ``key``, ``num_samples``, ``sparsity_threshold``,
+            ``particles`` (see :func:`grad_and_laplacian`).
 
     Returns:
         A scalar of ``x``'s dtype (0 when ``f`` does not depend on ``x`` or ``x`` is
