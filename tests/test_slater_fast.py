@@ -612,6 +612,11 @@ def test_the_hint_recommends_methods_that_work_on_the_running_jax():
             np.testing.assert_allclose(float(lap), want, rtol=4e-15)
         _, _, lap = forward_laplacian.forward_laplacian(_all_electron_log_psi, x)
         np.testing.assert_allclose(float(lap), want, rtol=4e-15)  # measured 1.2e-16
+        assert "particles=n" in hint  # what the hint recommends, run as it says
+        _, lap = laplacian.grad_and_laplacian(
+            _all_electron_log_psi, x, method="forward", particles=pos.shape[0]
+        )
+        np.testing.assert_allclose(float(lap), want, rtol=4e-15)
         try:  # an independent try of folx on this very network
             import folx
 

@@ -146,10 +146,10 @@ def _all_electrons_hint() -> str:
     if not failures:
         folx_note = (
             "; folx (method='folx', or folx.forward_laplacian(fn, "
-            "sparsity_threshold=...) as its README shows) also works on this JAX "
-            "(tried on a loop, a while_loop and a custom_vjp) and skips the zero "
-            "blocks of the Jacobian by its sparsity, which can make it the faster "
-            "choice on networks without loops"
+            "sparsity_threshold=6) as its README shows for such networks) also works "
+            "on this JAX (tried on a loop, a while_loop and a custom_vjp) and skips "
+            "the same zero blocks by its own sparsity: the book's benchmark "
+            "(chapter 5.5) times both, and which is faster depends on the network"
         )
     elif failures == ("not installed",):
         folx_note = "; not method='folx': folx is not installed"
@@ -163,10 +163,12 @@ def _all_electrons_hint() -> str:
         "orbitals that read all electrons (as in FermiNet or PsiFormer) the row "
         "structure does not hold: take the Laplacian of the whole log|psi| instead, "
         "with the forward Laplacian, laplacian.grad_and_laplacian(lambda v: "
-        "log_psi(v.reshape(n, 3)), x.reshape(-1), method='forward') (the same as "
-        "forward_laplacian.forward_laplacian(fn, x)): one pass, with structured "
-        "rules for slogdet, loops, while_loop and custom_jvp (a custom_vjp makes it "
-        "fall back to the Hessian); or method='loop' (Hessian-vector products, "
+        "log_psi(v.reshape(n, 3)), x.reshape(-1), method='forward', particles=n) "
+        "(the same as forward_laplacian.forward_laplacian(fn, x, particles=n)): one "
+        "pass, with structured rules for slogdet, loops, while_loop and custom_jvp "
+        "(a custom_vjp makes it fall back to the Hessian), and particles=n keeps "
+        "the Jacobian of per-electron and pair features at 3 rows per electron "
+        "instead of 3n; or method='loop' (Hessian-vector products, "
         "through a custom_vjp's backward rule; method='vmap' is the same sum with "
         f"more memory){folx_note}"
     )

@@ -124,7 +124,9 @@ def local_energy(
         log_psi: ``log_psi(params, positions (n, 3)) -> scalar`` (module contract).
         params: its parameters.
         positions: ``(n, 3)`` floating-point positions.
-        method: the Laplacian method (:data:`beyondgrad.laplacian.METHODS`).
+        method: the Laplacian method (:data:`beyondgrad.laplacian.METHODS`);
+            ``"forward"`` runs with ``particles=n`` (each electron's 3 coordinates
+            one particle: exact, and cheaper where features depend on few electrons).
         key: the PRNG key of ``method="hutchinson"`` (required there, refused with
             the other methods).
         omega: the trap frequency.
@@ -143,9 +145,16 @@ def local_energy(
     omega = _check_omega(omega)
     check_method(method)
     _check_wavefunction(log_psi, params, positions)
-    kin = kinetic_energy(
-        lambda x: log_psi(params, x), positions, method=method, key=key
-    )
+
+    def fn(x: jax.Array) -> jax.Array:
+        return log_psi(params, x)
+
+    if method == "forward" and key is None:
+        # the forward Laplacian tracks which electron each intermediate depends on
+        # (per-electron and pair features keep 3 or 6 Jacobian rows, not 3n)
+        kin = kinetic_energy(fn, positions, method=method, particles=positions.shape[0])
+    else:
+        kin = kinetic_energy(fn, positions, method=method, key=key)
     return kin + potential_energy(positions, omega=omega)
 
 
