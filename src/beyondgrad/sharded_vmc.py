@@ -36,7 +36,7 @@ N`, from an ``all_gather`` of :math:`\tilde O`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import jax
@@ -368,7 +368,7 @@ def collective_bytes(kind: str, nbytes: int, devices: int) -> int:
 _UNPRICED = frozenset({"pmax", "pmin", "ppermute", "all_to_all", "pbroadcast"})
 
 
-def _priced(found: list[tuple[str, int]]) -> int:
+def _priced(found: Iterable[tuple[str, int]]) -> int:
     return sum(collective_bytes(kind, nbytes, 2) for kind, nbytes in found)
 
 
