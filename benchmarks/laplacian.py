@@ -421,6 +421,31 @@ def problem_stats(
     }
 
 
+def timing_row(
+    family: str,
+    n: int,
+    name: str,
+    t: dict,
+    folx_best: float,
+    rel_err: float | None,
+    **facts,
+) -> dict:
+    """One method's row: its minimum and median time (ms), its ratios to one log|ψ|
+    and to folx-best (minimum over repeats), ``facts`` (temporary bytes, flops, …)
+    and its float32 relative error."""
+    return {
+        "family": family,
+        "n": n,
+        "method": name,
+        "min_ms": 1e3 * t[name].min,
+        "median_ms": 1e3 * t[name].median,
+        "ratio_log_psi": t[name].min / t["log|psi|"].min,
+        "ratio_folx_best": t[name].min / folx_best,
+        **facts,
+        "rel_err": rel_err,
+    }
+
+
 def run(
     families,
     sizes,
@@ -466,18 +491,16 @@ def run(
                     else relative_error(f(params, walkers)[1], ref)
                 )
                 rows.append(
-                    {
-                        "family": family,
-                        "n": n,
-                        "method": name,
-                        "min_ms": 1e3 * t[name].min,
-                        "median_ms": 1e3 * t[name].median,
-                        "ratio_log_psi": t[name].min / t["log|psi|"].min,
-                        "ratio_folx_best": t[name].min / folx_best,
-                        "temp_bytes": measure.temp_bytes(f, params, walkers),
-                        "flops": flops(f, params, walkers),
-                        "rel_err": None if name == "log|psi|" else err,
-                    }
+                    timing_row(
+                        family,
+                        n,
+                        name,
+                        t,
+                        folx_best,
+                        None if name == "log|psi|" else err,
+                        temp_bytes=measure.temp_bytes(f, params, walkers),
+                        flops=flops(f, params, walkers),
+                    )
                 )
                 if t[name].median * repeats > budget_s:
                     too_slow.add(name)
@@ -849,17 +872,7 @@ def run_all_electron(
                     else relative_error(f(params, walkers)[1], ref)
                 )
                 rows.append(
-                    {
-                        "family": model,
-                        "n": n,
-                        "method": name,
-                        "min_ms": 1e3 * t[name].min,
-                        "median_ms": 1e3 * t[name].median,
-                        "ratio_log_psi": t[name].min / t["log|psi|"].min,
-                        "ratio_folx_best": t[name].min / folx_best,
-                        **facts[name],
-                        "rel_err": err,
-                    }
+                    timing_row(model, n, name, t, folx_best, err, **facts[name])
                 )
                 if t[name].median * repeats > budget_s:
                     too_slow.add(name)
