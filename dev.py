@@ -40,6 +40,7 @@ on CI, finds them), under $BEYONDGRAD_CACHE (default ~/.cache/beyondgrad):
                enables it; tests that log or count compilations opt out); <key>
                digests the Python version and the jax* distributions' versions. Chapters run
                without it: what they show of compilation never depends on a cache.
+  mypy/        mypy's incremental cache (`typecheck`); mypy re-checks what changed.
 A clean machine builds the same book and passes the same tests, only slower.
 """
 
@@ -564,8 +565,11 @@ def cmd_lint(py: Path) -> int:
 
 def cmd_typecheck(py: Path) -> int:
     """mypy, then pyright, over src/beyondgrad (both configured in pyproject.toml) with
-    this environment's JAX; either one's findings fail the command."""
-    rc = subprocess.run([str(py), "-m", "mypy"], cwd=ROOT).returncode
+    this environment's JAX; either one's findings fail the command. mypy keeps its
+    incremental cache with the other caches (:func:`cache_root`): it re-checks a module
+    whose content changed, so a kept cache only saves time."""
+    env = {**os.environ, "MYPY_CACHE_DIR": str(cache_root() / "mypy")}
+    rc = subprocess.run([str(py), "-m", "mypy"], cwd=ROOT, env=env).returncode
     if rc:
         print(
             "[dev] mypy found type errors in src/ (config: pyproject.toml [tool.mypy])"

@@ -39,8 +39,8 @@ def test_every_family_and_method_agrees_with_float64_hessian(bench, family):
         )
         pos = 0.7 * jax.random.normal(jax.random.key(1), (n, 3), jnp.float64)
         flat = lambda v: bench.family_log_psi(family)(params, v.reshape(n, 3))  # noqa: E731
-        want_g = jax.grad(flat)(pos.reshape(-1))
-        want = jnp.trace(jax.hessian(flat)(pos.reshape(-1)))
+        want_g = jax.jit(jax.grad(flat))(pos.reshape(-1))
+        want = jax.jit(lambda v: jnp.trace(jax.hessian(flat)(v)))(pos.reshape(-1))
         for name, fn in bench.method_fns(family, n).items():
             if name.startswith("hutchinson"):
                 continue
@@ -226,8 +226,8 @@ def test_all_electron_methods_agree_with_float64_hessian(bench, model, methods):
         params = init(jax.random.key(n), n, dtype=jnp.float64)
         pos = 0.7 * jax.random.normal(jax.random.key(1), (n, 3), jnp.float64)
         flat = lambda v: log_psi(params, v.reshape(n, 3))  # noqa: E731
-        want_g = jax.grad(flat)(pos.reshape(-1))
-        want = jnp.trace(jax.hessian(flat)(pos.reshape(-1)))
+        want_g = jax.jit(jax.grad(flat))(pos.reshape(-1))
+        want = jax.jit(lambda v: jnp.trace(jax.hessian(flat)(v)))(pos.reshape(-1))
         fns = bench.all_electron_fns(model, n)
         assert {"forward_laplacian", "folx(s=0)", "folx(s=6)", "hessian"} <= set(fns)
         for name, fn in fns.items():

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import drift_record  # tests/drift_record.py
 import jax
 import pytest
 
@@ -20,52 +21,9 @@ from beyondgrad.drift import probes
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_probes_here(*args: str) -> tuple[dict, dict[str, drift.Outcome]]:
-    """Every probe on this environment's JAX, each in a fresh process (forked child)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    env.pop("XLA_FLAGS", None)
-    folx_old = (
-        ROOT / ".venv-drift" / jax.__version__ / "folx-old"
-    )  # made by dev.py drift
-    if folx_old.is_dir():
-        env[probes.FOLX_OLD_ENV] = str(folx_old)
-    # Kept in dev.py's keyed test cache (keyed on every installed version and the
-    # package's sources, the probes among them): the probes are a function of both, so
-    # a second run of the same commit in the same environment reads their outcomes.
-    from tools import executed
-
-    kept = executed.test_cache() / "drift_probes_here.jsonl"
-    cacheable = executed.keyed() and not args and probes.FOLX_OLD_ENV not in env
-    if cacheable and kept.is_file():
-        stdout = kept.read_text()
-    else:
-        out = subprocess.run(
-            [sys.executable, "-m", "beyondgrad.drift.child", "--jobs", "2", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        stdout = out.stdout
-        if cacheable:
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            tmp = kept.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(stdout)
-            tmp.replace(kept)
-    meta, outcomes = {}, {}
-    for line in stdout.splitlines():
-        rec = json.loads(line)
-        if "env" in rec:
-            meta = rec["env"]
-        else:
-            outcomes[rec["id"]] = drift.Outcome.from_dict(rec["outcome"])
-    return meta, outcomes
-
-
 @pytest.fixture(scope="module")
 def here():
-    return _run_probes_here()
+    return drift_record.run_probes_here()
 
 
 def test_honesty_installed_jax_matches_its_committed_row(here):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from references import hessian_trace  # tests/references.py
 
 from beyondgrad import compat, runtime, slater, vmc, wavefunctions
 from beyondgrad import laplacian as L
@@ -64,7 +65,7 @@ def jlap(f, x, method, **kw):
 
 
 def jtrace_hessian(f, x):
-    return jax.jit(lambda v: jnp.trace(jax.hessian(f)(v)))(x)
+    return jax.jit(lambda v: hessian_trace(f, v))(x)
 
 
 def x64_point(d, seed=0):
@@ -99,7 +100,7 @@ def test_float32_close_to_float64():
 def test_hutchinson_is_unbiased_and_its_samples_average():
     with jax.enable_x64(True):
         x = x64_point(6, seed=2)
-        want = float(jnp.trace(jax.hessian(small_mlp)(x)))
+        want = float(hessian_trace(small_mlp, x))
         samples = L.hutchinson_samples(small_mlp, x, jax.random.key(0), 4000)
         assert samples.shape == (4000,)
         se = float(jnp.std(samples)) / np.sqrt(4000)
@@ -215,7 +216,7 @@ def test_kinetic_energy_matches_definition():
         x = jax.random.normal(jax.random.key(0), (3, 3), jnp.float64)
         flat = slater_fn
         g = jax.grad(flat)(x.reshape(-1))
-        want = -0.5 * (jnp.trace(jax.hessian(flat)(x.reshape(-1))) + g @ g)
+        want = -0.5 * (hessian_trace(flat, x.reshape(-1)) + g @ g)
         log_psi = lambda pos: slater_fn(pos.reshape(-1))  # noqa: E731
         for method in ("loop", "folx"):
             got = jax.jit(lambda p, m=method: L.kinetic_energy(log_psi, p, method=m))(x)
@@ -246,7 +247,7 @@ def test_slater_laplacian_matches_hessian_and_grad():
             )
             np.testing.assert_allclose(
                 float(lap),
-                float(jnp.trace(jax.hessian(flat)(pos.reshape(-1)))),
+                float(hessian_trace(flat, pos.reshape(-1))),
                 rtol=1e-9,
                 atol=1e-9,
             )
@@ -928,7 +929,7 @@ def test_method_folx_warns_on_what_the_probe_measured_wrong(name, monkeypatch):
             "method='hessian'" in message
             and "method='forward_laplacian'" not in message
         )
-    want = float(jnp.trace(jax.hessian(probe)(_X9)))
+    want = float(hessian_trace(probe, _X9))
     assert (abs(got - want) > 1e-3 * (1 + abs(want))) == wrong
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib
 import inspect
 import re
@@ -87,6 +88,12 @@ the tests fail when a public name is missing from it.
 
 def public_modules() -> list[str]:
     """Dotted names of the package's modules that define ``__all__``, in file order."""
+    return list(_public_modules())
+
+
+@functools.cache
+def _public_modules() -> tuple[str, ...]:
+    """:func:`public_modules`, read once per process (the sources do not change)."""
     names = []
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
@@ -97,7 +104,7 @@ def public_modules() -> list[str]:
         if "__all__" in path.read_text():
             names.append(".".join(parts))
     order = {"beyondgrad": 0}
-    return sorted(names, key=lambda n: (order.get(n, 1), n.count("."), n))
+    return tuple(sorted(names, key=lambda n: (order.get(n, 1), n.count("."), n)))
 
 
 def public_names(module: str) -> list[str]:
@@ -106,6 +113,11 @@ def public_names(module: str) -> list[str]:
 
 def static_public_names(module: str) -> list[str]:
     """``module.__all__`` read from its source (no import, so no JAX in Sphinx)."""
+    return list(_static_public_names(module))
+
+
+@functools.cache
+def _static_public_names(module: str) -> tuple[str, ...]:
     parts = module.split(".")[1:]
     path = PACKAGE.joinpath(*parts)
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
@@ -113,8 +125,10 @@ def static_public_names(module: str) -> list[str]:
         if isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
-                return [str(v) for v in ast.literal_eval(node.value or ast.List([]))]
-    return []
+                return tuple(
+                    str(v) for v in ast.literal_eval(node.value or ast.List([]))
+                )
+    return ()
 
 
 _IMPORT = re.compile(

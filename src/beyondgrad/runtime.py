@@ -408,9 +408,7 @@ def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> Drif
         TypeError: ``timeout`` is not a number.
     """
     import json
-    import subprocess
     import time
-    from pathlib import Path
 
     recorded = drift.versions()
     if book_version is None:
@@ -425,13 +423,38 @@ def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> Drif
             f"got {book_version!r}"
         )
     _checks.number(timeout, "timeout", above=0, meaning="seconds")
+    t0 = time.perf_counter()
+    stdout = _fast_probe_output(timeout)
+    seconds = time.perf_counter() - t0
+    version, diffs, n, outcomes = jax.__version__, [], 0, {}
+    for line in stdout.splitlines():
+        rec = json.loads(line)
+        if "env" in rec:
+            version = rec["env"]["jax"]
+            continue
+        n += 1
+        yours = outcomes[rec["id"]] = drift.Outcome.from_dict(rec["outcome"])
+        book = drift.outcome(rec["id"], book_version)
+        if book is not None and not book.same_behaviour(yours, exact=False):
+            diffs.append(
+                DriftDifference(rec["id"], drift.chapter(rec["id"]), book, yours)
+            )
+    order = {p: k for k, p in enumerate(drift.probe_ids())}
+    diffs.sort(key=lambda d: order[d.probe_id])
+    return DriftCheck(version, book_version, n, seconds, tuple(diffs), outcomes)
+
+
+def _fast_probe_output(timeout: float) -> str:
+    """Run the fast drift probes in a fresh Python process; return its JSON lines."""
+    import subprocess
+    from pathlib import Path
+
     pkg_parent = str(Path(drift.__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [pkg_parent, env.get("PYTHONPATH", "")])
     )
     env.pop("XLA_FLAGS", None)
-    t0 = time.perf_counter()
     jobs = str(max(1, min(4, os.cpu_count() or 1)))  # Colab's CPU runtime has 2 cores
     cmd = [
         sys.executable,
@@ -453,20 +476,4 @@ def check_my_jax(book_version: str | None = None, timeout: float = 60.0) -> Drif
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"the drift probes could not run: {tail[0]}")
-    seconds = time.perf_counter() - t0
-    version, diffs, n, outcomes = jax.__version__, [], 0, {}
-    for line in proc.stdout.splitlines():
-        rec = json.loads(line)
-        if "env" in rec:
-            version = rec["env"]["jax"]
-            continue
-        n += 1
-        yours = outcomes[rec["id"]] = drift.Outcome.from_dict(rec["outcome"])
-        book = drift.outcome(rec["id"], book_version)
-        if book is not None and not book.same_behaviour(yours, exact=False):
-            diffs.append(
-                DriftDifference(rec["id"], drift.chapter(rec["id"]), book, yours)
-            )
-    order = {p: k for k, p in enumerate(drift.probe_ids())}
-    diffs.sort(key=lambda d: order[d.probe_id])
-    return DriftCheck(version, book_version, n, seconds, tuple(diffs), outcomes)
+    return proc.stdout
