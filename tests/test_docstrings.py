@@ -5,9 +5,12 @@ through napoleon (Google style). For every name in each such module's ``__all__`
 
 - a function with at least one parameter has an ``Args:`` section with one entry
   per parameter (``*args``/``**kwargs`` by their names) and no entry for a
-  parameter it does not have;
+  parameter it does not have; a function annotated to return a value has a
+  ``Returns:`` (a generator context manager: ``Yields:``) section;
 - a class defined in the package: each of its public methods (its own or inherited
-  from another class of the package) is held to the same rule; a dataclass or
+  from another class of the package) is held to the same rules (a method without
+  parameters, like a property, may say what it returns in its summary line alone);
+  a dataclass or
   TypedDict has an ``Attributes:`` section naming each of its fields (keys); a
   NamedTuple has a ``#:`` doc comment above each field instead, and no
   ``Attributes:`` section (autodoc lists a NamedTuple's fields as members, so the
@@ -100,12 +103,26 @@ def _compare(where: str, doc: str, title: str, expected: list[str]) -> list[str]
     return problems
 
 
+def _returns_value(fn: Callable) -> bool:
+    """``fn`` is annotated to return something other than ``None``."""
+    annotation = inspect.signature(fn).return_annotation
+    return annotation not in (None, "None", inspect.Signature.empty)
+
+
 def _check_function(where: str, fn: Callable, *, bound: bool = False) -> list[str]:
-    if not inspect.getdoc(fn):
+    doc = inspect.getdoc(fn)
+    if not doc:
         return [f"{where}: no docstring"]
-    return _compare(
-        where, inspect.getdoc(fn) or "", "Args", _parameters(fn, bound=bound)
-    )
+    params = _parameters(fn, bound=bound)
+    problems = _compare(where, doc, "Args", params)
+    if (
+        (params or not bound)
+        and _returns_value(fn)
+        and _section(doc, "Returns") is None
+        and _section(doc, "Yields") is None
+    ):
+        problems.append(f"{where}: no Returns: (or Yields:) section")
+    return problems
 
 
 def _fields(cls: type) -> list[str]:
@@ -239,10 +256,13 @@ def test_the_checker_sees_what_is_missing():
         "m.stale: Args: names y, not a member",
     ]
 
-    def bare(x):
+    def bare(x) -> int:
         """No sections."""
 
-    assert _check_function("m.bare", bare) == ["m.bare: no Args: section (expected x)"]
+    assert _check_function("m.bare", bare) == [
+        "m.bare: no Args: section (expected x)",
+        "m.bare: no Returns: (or Yields:) section",
+    ]
 
     @dataclasses.dataclass
     class Row:

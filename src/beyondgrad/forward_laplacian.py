@@ -734,7 +734,16 @@ def linear(*positions: int, all_from: int | None = None) -> Rule:
 def bilinear() -> Rule:
     """Bilinear in operands 0 and 1 (``mul``, ``dot_general``): linear when only one of
     them depends on ``r``, the product rule (two Jacobian terms, one cross term summed
-    over the ``d`` rows) when both do."""
+    over the ``d`` rows) when both do.
+
+    For :math:`y = B(a, b)` with both operands depending on ``r``:
+    :math:`\\partial_k y = B(\\partial_k a, b) + B(a, \\partial_k b)` and
+    :math:`\\Delta y = B(\\Delta a, b) + B(a, \\Delta b) + 2\\sum_k B(\\partial_k a,
+    \\partial_k b)`.
+
+    Returns:
+        A :class:`Rule` of kind ``"bilinear"``.
+    """
 
     def apply(eqn: Any, ins: list) -> list:
         dep = _dep(ins)
@@ -780,7 +789,14 @@ def elementwise(*, holomorphic: bool = True) -> Rule:
 
 
 def reduction() -> Rule:
-    """``reduce_sum``: linear; short summed axes are summed slice by slice."""
+    """``reduce_sum``: linear; short summed axes are summed slice by slice.
+
+    The value, each Jacobian row and the Laplacian are summed over the equation's
+    ``axes``; the rule keeps particle sparsity.
+
+    Returns:
+        A :class:`Rule` of kind ``"reduction"``.
+    """
     return Rule(
         "reduction",
         lambda eqn, ins: _reduce_sum_rule(ins[0], tuple(eqn.params["axes"])),
@@ -791,7 +807,12 @@ def reduction() -> Rule:
 
 def constant() -> Rule:
     """Results that do not depend on ``r`` (integer or boolean results, or a derivative
-    that is zero almost everywhere: ``floor``, ``round``, comparisons): plain values."""
+    that is zero almost everywhere: ``floor``, ``round``, comparisons): plain values.
+
+    Returns:
+        A :class:`Rule` of kind ``"constant"`` (the primitive applied to the
+        operands' values, with no Jacobian or Laplacian).
+    """
 
     def apply(eqn: Any, ins: list) -> list:
         return bind(eqn, [_val(x) for x in ins])

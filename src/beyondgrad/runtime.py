@@ -76,7 +76,11 @@ def glue(name: str, value: object, display: bool = True) -> None:
 
 
 def on_colab() -> bool:
-    """True inside a Google Colab kernel."""
+    """True inside a Google Colab kernel.
+
+    Returns:
+        ``True`` if ``google.colab`` is imported or ``COLAB_RELEASE_TAG`` is set.
+    """
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
@@ -170,7 +174,13 @@ def _platform_name(backend: str) -> str:
 
 
 def describe() -> RuntimeInfo:
-    """Platform, devices and versions of the running kernel."""
+    """Platform, devices and versions of the running kernel.
+
+    Starts JAX's backends if they have not started (it lists the devices).
+
+    Returns:
+        A :class:`RuntimeInfo`.
+    """
     from importlib.metadata import version
 
     devices = jax.devices()

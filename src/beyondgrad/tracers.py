@@ -556,7 +556,13 @@ def _jax_error_classes() -> dict[str, list[str]]:
 
 
 def error_tree() -> str:
-    """The ``jax.errors`` classes as an indented tree under their Python base classes."""
+    """The ``jax.errors`` classes as an indented tree under their Python base classes.
+
+    Returns:
+        The text, one class a line from ``BaseException`` down, each indented four
+        spaces deeper than its base class; the ``jax.errors`` classes are written
+        ``jax.errors.Name``.
+    """
     classes = _jax_error_classes()
     children: dict[str, set[str]] = {}
     for name, bases in classes.items():
