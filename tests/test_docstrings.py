@@ -40,6 +40,7 @@ import textwrap
 import typing
 from collections.abc import Callable
 
+import jax
 import pytest
 
 from tools import api
@@ -194,6 +195,12 @@ def _check_class(where: str, cls: type) -> list[str]:
     return problems
 
 
+def _wraps_function(obj: object) -> bool:
+    """``obj`` wraps a function (``jax.jit``, ``jax.custom_jvp``, ``functools.wraps``):
+    its signature and docstring are the function's."""
+    return callable(obj) and inspect.isfunction(inspect.unwrap(obj))
+
+
 def undocumented(module: str) -> list[str]:
     """Every missing piece of documentation of ``module``'s public names."""
     mod = importlib.import_module(module)
@@ -203,7 +210,7 @@ def undocumented(module: str) -> list[str]:
         where = f"{module}.{name}"
         if inspect.isclass(obj) and _own_package(obj):
             problems += _check_class(where, obj)
-        elif inspect.isfunction(obj):
+        elif inspect.isfunction(obj) or _wraps_function(obj):
             problems += _check_function(where, obj)
         elif not api._documented_by_comment(module, name):
             problems.append(f"{where}: no #: doc comment above its assignment")
@@ -259,6 +266,11 @@ def test_the_checker_sees_what_is_missing():
     def bare(x) -> int:
         """No sections."""
 
+    assert _wraps_function(jax.jit(bare)) and not _wraps_function(1.0)
+    assert _check_function("m.bare", jax.jit(bare)) == [
+        "m.bare: no Args: section (expected x)",
+        "m.bare: no Returns: (or Yields:) section",
+    ]
     assert _check_function("m.bare", bare) == [
         "m.bare: no Args: section (expected x)",
         "m.bare: no Returns: (or Yields:) section",
