@@ -17,6 +17,7 @@ from pathlib import Path
 
 __all__ = ["JAX_FLOOR", "__version__"]
 
+#: The version of this helper package (the ``version`` of pyproject.toml).
 __version__ = "0.1.0"
 
 

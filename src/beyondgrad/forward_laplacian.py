@@ -178,8 +178,13 @@ class Jet(NamedTuple):
     Values that do not depend on ``r`` are kept as plain arrays.
     """
 
+    #: The value :math:`v`, any shape, floating-point or complex.
     val: jax.Array
+    #: Its Jacobian rows :math:`\partial v/\partial r_k`, shape ``(d, *val.shape)``,
+    #: ``val``'s dtype.
     jac: jax.Array
+    #: Its Laplacian :math:`\sum_k \partial^2 v/\partial r_k^2`, shaped like ``val``;
+    #: ``None`` where it is known to be zero (e.g. a linear function of ``r``).
     lap: jax.Array | None
 
 
@@ -203,6 +208,19 @@ class Rule:
     :class:`Jet`), returning SparseJets, Jets or plain arrays, or ``None`` for a case
     it does not cover. A rule without it (``None``), or a ``None`` answer, gets its
     operands as dense Jets: correct by default.
+
+    Build one with :func:`linear`, :func:`bilinear`, :func:`elementwise`,
+    :func:`custom`, :func:`from_triples`, … rather than by hand; calling the rule
+    calls ``apply``.
+
+    Attributes:
+        kind: the structure the rule declares, one of the names above.
+        apply: the rule itself, ``apply(eqn, ins) -> outs``: ``eqn`` the jaxpr
+            equation, ``ins`` one entry per operand (a :class:`Jet` where it depends
+            on ``r``, a plain array otherwise), ``outs`` one entry per result.
+        detail: a human-readable description of the rule; empty by default.
+        sparse: the particle-sparse form ``sparse(eqn, ins) -> outs or None``
+            described above; ``None`` (the default): operands are densified.
     """
 
     kind: str
@@ -652,7 +670,21 @@ def _apply_generic(eqn: Any, ins: list) -> list:
 
 def generic(reason: str = "") -> Rule:
     """The generic rule, chosen deliberately: forward over forward mode on the primitive
-    alone along each Jacobian row (about ``2 d`` JVPs of it). ``reason`` documents why."""
+    alone along each Jacobian row (about ``2 d`` JVPs of it). ``reason`` documents why.
+
+    For an output :math:`y = p(x)` of the primitive :math:`p` it computes, per row
+    :math:`k`, :math:`\\partial_k y = J_p\\,\\partial_k x` and
+    :math:`\\partial_k^2 y = J_p\\,\\partial_k^2 x + \\partial_k x^\\top
+    \\nabla^2 p\\,\\partial_k x` (a JVP of a JVP), then sums the second over
+    :math:`k`.
+
+    Args:
+        reason: why no structured rule is written, kept as the rule's ``detail``;
+            empty by default.
+
+    Returns:
+        A :class:`Rule` of kind ``"generic"``.
+    """
     return Rule("generic", _apply_generic, reason)
 
 
@@ -702,7 +734,16 @@ def linear(*positions: int, all_from: int | None = None) -> Rule:
 def bilinear() -> Rule:
     """Bilinear in operands 0 and 1 (``mul``, ``dot_general``): linear when only one of
     them depends on ``r``, the product rule (two Jacobian terms, one cross term summed
-    over the ``d`` rows) when both do."""
+    over the ``d`` rows) when both do.
+
+    For :math:`y = B(a, b)` with both operands depending on ``r``:
+    :math:`\\partial_k y = B(\\partial_k a, b) + B(a, \\partial_k b)` and
+    :math:`\\Delta y = B(\\Delta a, b) + B(a, \\Delta b) + 2\\sum_k B(\\partial_k a,
+    \\partial_k b)`.
+
+    Returns:
+        A :class:`Rule` of kind ``"bilinear"``.
+    """
 
     def apply(eqn: Any, ins: list) -> list:
         dep = _dep(ins)
@@ -717,7 +758,21 @@ def elementwise(*, holomorphic: bool = True) -> Rule:
     """An elementwise function of one operand: ``f'`` and ``f''`` by forward over forward
     mode on ones (elementwise, so one JVP each, not ``d``). ``holomorphic=False``
     (``abs``, ``sign``): a complex operand goes to the generic rule, since the chain rule
-    with ``f'`` of a non-holomorphic ``f`` is wrong for complex values."""
+    with ``f'`` of a non-holomorphic ``f`` is wrong for complex values.
+
+    For :math:`y = f(x)` elementwise: :math:`\\partial_k y = f'(x)\\,\\partial_k x` and
+    :math:`\\Delta y = f'(x)\\,\\Delta x + f''(x) \\sum_k (\\partial_k x)^2`. The rule
+    keeps particle sparsity (it has a ``sparse`` form). An equation with more than
+    one operand goes to the generic rule.
+
+    Args:
+        holomorphic: ``True`` (the default): ``f`` is complex-differentiable, so the
+            rule also serves complex operands; ``False``: it serves real operands only
+            and sends a complex one to the generic rule.
+
+    Returns:
+        A :class:`Rule` of kind ``"elementwise"``.
+    """
 
     def apply(eqn: Any, ins: list) -> list:
         if len(ins) != 1 or (not holomorphic and _is_complex(ins[0].val)):
@@ -734,7 +789,14 @@ def elementwise(*, holomorphic: bool = True) -> Rule:
 
 
 def reduction() -> Rule:
-    """``reduce_sum``: linear; short summed axes are summed slice by slice."""
+    """``reduce_sum``: linear; short summed axes are summed slice by slice.
+
+    The value, each Jacobian row and the Laplacian are summed over the equation's
+    ``axes``; the rule keeps particle sparsity.
+
+    Returns:
+        A :class:`Rule` of kind ``"reduction"``.
+    """
     return Rule(
         "reduction",
         lambda eqn, ins: _reduce_sum_rule(ins[0], tuple(eqn.params["axes"])),
@@ -745,7 +807,12 @@ def reduction() -> Rule:
 
 def constant() -> Rule:
     """Results that do not depend on ``r`` (integer or boolean results, or a derivative
-    that is zero almost everywhere: ``floor``, ``round``, comparisons): plain values."""
+    that is zero almost everywhere: ``floor``, ``round``, comparisons): plain values.
+
+    Returns:
+        A :class:`Rule` of kind ``"constant"`` (the primitive applied to the
+        operands' values, with no Jacobian or Laplacian).
+    """
 
     def apply(eqn: Any, ins: list) -> list:
         return bind(eqn, [_val(x) for x in ins])
@@ -758,7 +825,19 @@ def call(*params: str) -> Rule:
     the equation has (``jit``, ``checkpoint``; a parameter renamed across JAX versions
     is given by both names): the body is interpreted in place on jets
     (``checkpoint``'s rematerialisation is for reverse mode, which the forward
-    Laplacian does not run)."""
+    Laplacian does not run). An equation that has none of ``params`` goes to the
+    generic rule.
+
+    Args:
+        *params: the names (strs) under which the equation's parameters hold the
+            sub-jaxpr, tried in order, e.g. ``call("jaxpr")`` for ``jit``.
+
+    Returns:
+        A :class:`Rule` of kind ``"call"``.
+
+    Raises:
+        TypeError: if no name is given or a name is not a str.
+    """
     if not params or not all(isinstance(k, str) for k in params):
         raise TypeError(
             f"call() takes the names of the sub-jaxpr parameter as strs, got {params!r}"
@@ -812,9 +891,24 @@ def from_triples(fn: Callable[..., Any]) -> Rule:
     several results). The engine passes every operand as a triple: one that does not
     depend on ``r`` gets zero ``jac`` and ``lap``, a ``lap`` known to be zero is passed
     as zeros, and a scalar operand of an elementwise primitive (a literal such as the
-    ``2.0`` of ``2.0 * x``) is broadcast to the result's shape. The primitive's parameters are not passed, so this suits
-    primitives without parameters that change the maths (``mul``, ``add``, ``sin``);
-    otherwise write a :func:`custom` rule.
+    ``2.0`` of ``2.0 * x``) is broadcast to the result's shape. The primitive's
+    parameters are not passed, so this suits primitives without parameters that change
+    the maths (``mul``, ``add``, ``sin``); otherwise write a :func:`custom` rule.
+    Results that are not floating-point are kept as plain values.
+
+    Args:
+        fn: a function ``fn(*triples)`` of one ``(val, jac, lap)`` triple per operand,
+            returning one triple (a list of triples for a primitive with several
+            results): ``val`` and ``lap`` of the result's shape, ``jac`` of shape
+            ``(d, *shape)``.
+
+    Returns:
+        A :class:`Rule` of kind ``"triples"``; when the rule runs, a result that is
+        not a triple is a ``TypeError`` and a triple of other shapes a
+        ``ValueError``, both naming the primitive.
+
+    Raises:
+        TypeError: if ``fn`` is not callable.
     """
     _checks.function(
         fn, "fn", "a function of (val, jac, lap) triples", where="from_triples(): "
@@ -1432,7 +1526,21 @@ def register_rule(primitive: Primitive, rule: Rule) -> Rule | None:
 @contextlib.contextmanager
 def rules_overridden(rules: Mapping[Primitive, Rule]) -> Iterator[None]:
     """Use ``rules`` (``{primitive: rule}``) inside a ``with`` block; the table is
-    restored on exit, also after an error."""
+    restored on exit, also after an error.
+
+    Args:
+        rules: a mapping from :class:`jax.extend.core.Primitive` objects to
+            :class:`Rule` s, added to (or replacing entries of) :data:`RULES` for the
+            block.
+
+    Yields:
+        ``None``, once the rules are in place.
+
+    Raises:
+        TypeError: on entering the block, if a key is not a
+            ``jax.extend.core.Primitive`` or a value is not a :class:`Rule` (the table
+            is then unchanged).
+    """
     for primitive, rule in rules.items():
         _check_entry(primitive, rule)
     saved = dict(RULES)
@@ -1731,7 +1839,15 @@ RULES.update(
 
 def has_float_result(eqn: Any) -> bool:
     """True if one of ``eqn``'s results is floating-point or complex. An equation with
-    integer or boolean results only needs no rule: its results carry no derivative."""
+    integer or boolean results only needs no rule: its results carry no derivative.
+
+    Args:
+        eqn: a jaxpr equation (its ``outvars`` are read); an outvar without a dtype
+            counts as an integer.
+
+    Returns:
+        ``True`` if some result's dtype is a subtype of ``jnp.inexact``.
+    """
     return any(
         jnp.issubdtype(getattr(v.aval, "dtype", jnp.int32), jnp.inexact)
         for v in eqn.outvars
@@ -1898,6 +2014,14 @@ def basis(x: jax.Array) -> jax.Array:
     Inside ``shard_map`` a tangent must have the same varying type as its primal; a bare
     ``jnp.eye`` is invariant, so it is cast to the axes of ``x`` here.
 
+    Args:
+        x: a 1-D array of length ``d`` (its values are not read); floating-point for
+            use as tangents.
+
+    Returns:
+        The ``(d, d)`` identity matrix of ``x``'s dtype, row ``i`` the unit vector
+        :math:`e_i`, varying over the mesh axes ``x`` varies over.
+
     Raises:
         ValueError: ``x`` is not 1-D (the message gives its shape).
     """
@@ -2022,24 +2146,35 @@ GENERIC_SHARE_WARNING = 0.5
 class GenericUse(NamedTuple):
     """One equation sent to the generic rule: the primitive's name, the shapes of its
     operands, ``2 d + 1`` (the JVPs of the primitive it costs) and the compiled flops
-    of the generic rule on it alone (XLA's ``cost_analysis``)."""
+    of the generic rule on it alone (XLA's ``cost_analysis``).
+    """
 
+    #: The primitive's name, e.g. ``"cumsum"``.
     primitive: str
+    #: The shape of each operand's value, in operand order.
     shapes: tuple[tuple[int, ...], ...]
+    #: ``2 d + 1``, with ``d`` the length of ``r``.
     jvps: int
+    #: The compiled flops of the generic rule on this equation alone.
     flops: float
 
 
 class GenericReport(NamedTuple):
     """What :func:`generic_report` measured: each use of the generic rule, their
-    flops summed, the compiled flops of the whole forward Laplacian, and the share."""
+    flops summed, the compiled flops of the whole forward Laplacian, and the share.
+    """
 
+    #: One :class:`GenericUse` per equation sent to the generic rule (an equation in
+    #: a loop body once).
     uses: tuple[GenericUse, ...]
+    #: The sum of the uses' ``flops``.
     generic_flops: float
+    #: The compiled flops of the whole forward Laplacian.
     total_flops: float
 
     @property
     def share(self) -> float:
+        """``generic_flops / total_flops`` (0.0 when ``total_flops`` is 0)."""
         return self.generic_flops / self.total_flops if self.total_flops else 0.0
 
 

@@ -88,6 +88,8 @@ __all__ = [
     "laplacian",
 ]
 
+#: The names :func:`laplacian` accepts for ``method`` (a type for annotations);
+#: :data:`METHODS` holds the same names as a tuple.
 Method = Literal["hessian", "loop", "vmap", "folx", "forward", "hutchinson"]
 
 
@@ -96,7 +98,19 @@ class LaplacianOptions(TypedDict, total=False):
     :func:`grad_and_laplacian` (defaults there: ``method="loop"``, ``key=None``,
     ``num_samples=None`` (16 probes), ``sparsity_threshold=None`` (0, dense),
     ``particles=None`` (dense)). An option read by one method only is an error with
-    any other method."""
+    any other method.
+
+    Attributes:
+        method: one of :data:`METHODS`; ``"loop"`` by default.
+        key: a PRNG key, needed by ``"hutchinson"`` alone (its probes).
+        num_samples: the number of Hutchinson probes, an int ``>= 1``
+            (``"hutchinson"`` only); ``None``: 16.
+        sparsity_threshold: folx's sparsity threshold (``"folx"`` only); ``None``:
+            0, dense.
+        particles: the number of particles whose coordinates ``x`` holds in equal
+            consecutive blocks, for particle sparsity (``"forward"`` only); ``None``:
+            dense.
+    """
 
     method: Method
     key: jax.Array | None
@@ -105,6 +119,8 @@ class LaplacianOptions(TypedDict, total=False):
     particles: int | None
 
 
+#: The Laplacian methods, in the order the module docstring describes them (the
+#: values of :data:`Method`, which :func:`check_method` accepts).
 METHODS: tuple[str, ...] = ("hessian", "loop", "vmap", "folx", "forward", "hutchinson")
 
 

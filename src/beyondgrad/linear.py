@@ -355,6 +355,18 @@ def grad_tracer_name(use_direct_linearize: bool | None = None) -> str:
     :func:`beyondgrad.compat.set_direct_linearize`, which raises ``ValueError`` where
     JAX has no such option). JAX 0.8.2 obeys ``False`` (``"JVPTracer"``); 0.12 ignores
     it (``"LinearizeTracer"`` either way).
+
+    Args:
+        use_direct_linearize: ``None`` (the default): JAX's current setting;
+            ``True``/``False``: the ``jax_use_direct_linearize`` option for this call.
+
+    Returns:
+        The tracer's class name, e.g. ``"LinearizeTracer"`` or ``"JVPTracer"``.
+
+    Raises:
+        TypeError: ``use_direct_linearize`` is not ``None``, ``True`` or ``False``.
+        ValueError: a bool is given and this JAX has no ``jax_use_direct_linearize``
+            option.
     """
     _checks.boolean(use_direct_linearize, "use_direct_linearize", none_ok=True)
     seen: list[str] = []

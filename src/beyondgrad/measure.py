@@ -38,7 +38,17 @@ Call = tuple[Callable[..., Any], tuple[Any, ...]]
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    """Seconds per call of one function: ``min`` and ``median`` over ``samples``."""
+    """Seconds per call of one function: ``min`` and ``median`` over ``samples``.
+
+    ``str()`` gives both in milliseconds.
+
+    Attributes:
+        min: the least of ``samples``, seconds per call.
+        median: the median of ``samples``, seconds per call.
+        samples: one entry per repeat, in the order taken: the seconds of one sample
+            (a loop of calls lasting at least ``min_time``) divided by its number of
+            calls.
+    """
 
     min: float
     median: float

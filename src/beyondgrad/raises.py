@@ -115,6 +115,12 @@ def readable_paths(text: str) -> str:
     ``jax/_src/numpy/lax_numpy.py``; ``…/src/beyondgrad/x.py``, ``beyondgrad/x.py``),
     and a notebook cell's temporary file (``/tmp/ipykernel_7/3738211955.py``, or its
     name alone) becomes ``<cell>``. Line and column numbers are kept.
+
+    Args:
+        text: any text, e.g. a traceback or a log message.
+
+    Returns:
+        ``text`` with those paths rewritten; the rest unchanged.
     """
     return _CELL_FILE.sub("<cell>", _INSTALL_PREFIX.sub("", text))
 
@@ -125,6 +131,16 @@ class ReadablePaths:
     name cells and files by their paths on this machine)."""
 
     def filter(self, record: Any) -> bool:
+        """Rewrite ``record``'s message in place; never drop it.
+
+        Args:
+            record: a :class:`logging.LogRecord`; where :func:`readable_paths` changes
+                its formatted message, that becomes its ``msg`` (and its ``args``
+                ``None``).
+
+        Returns:
+            Always ``True`` (the record is logged).
+        """
         message = record.getMessage()
         readable = readable_paths(message)
         if readable != message:
@@ -263,7 +279,12 @@ def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext beyondgrad.raises``: register the ``%%raises`` cell magic, and make
     log messages show paths as :func:`readable_paths` does (a :class:`ReadablePaths`
     filter on the handlers that print JAX's warnings in a notebook: the ``jax`` and
-    root loggers' handlers and logging's last-resort handler)."""
+    root loggers' handlers and logging's last-resort handler). Loading it again adds
+    no second filter to a handler.
+
+    Args:
+        ipython: the running IPython shell (IPython passes it on ``%load_ext``).
+    """
     import logging
 
     handlers = [*logging.getLogger("jax").handlers, *logging.getLogger().handlers]

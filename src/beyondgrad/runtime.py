@@ -76,7 +76,11 @@ def glue(name: str, value: object, display: bool = True) -> None:
 
 
 def on_colab() -> bool:
-    """True inside a Google Colab kernel."""
+    """True inside a Google Colab kernel.
+
+    Returns:
+        ``True`` if ``google.colab`` is imported or ``COLAB_RELEASE_TAG`` is set.
+    """
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
@@ -87,6 +91,20 @@ def ensure_cpu_devices(n: int = BOOK_DEVICE_COUNT) -> int:
     (the first computation or device query of the process). Call this before that.
     Called later, it succeeds if at least ``n`` CPU devices already exist and
     otherwise raises ``RuntimeError`` telling you to restart the kernel.
+
+    Args:
+        n: the number of CPU devices wanted, an int ``>= 1``; the book's 8
+            (:data:`BOOK_DEVICE_COUNT`) by default.
+
+    Returns:
+        The number of CPU devices JAX now has (``n``, or more if it had started with
+        more).
+
+    Raises:
+        TypeError: ``n`` is not an int.
+        ValueError: ``n < 1``.
+        RuntimeError: JAX has already started with fewer than ``n`` CPU devices (the
+            message says to restart the kernel).
     """
     _checks.integer(n, "n", minimum=1, meaning="the number of CPU devices")
     if not compat.backends_initialized():
@@ -104,7 +122,22 @@ def ensure_cpu_devices(n: int = BOOK_DEVICE_COUNT) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeInfo:
-    """What produced a chapter's outputs."""
+    """What produced a chapter's outputs (made by :func:`describe`).
+
+    ``str()`` gives two or three readable lines; in a notebook the output also carries
+    :meth:`as_dict` in its metadata.
+
+    Attributes:
+        platform: JAX's default backend, ``"cpu"``, ``"gpu"`` or ``"tpu"``.
+        device_kind: the kinds of the default backend's devices, sorted and joined
+            by ``", "`` (e.g. ``"cpu"``, ``"NVIDIA H100 80GB HBM3"``).
+        device_count: the number of devices of the default backend.
+        cpu_device_count: the number of CPU devices.
+        jax_version: ``jax.__version__``.
+        jaxlib_version: the installed jaxlib's version.
+        python_version: the Python version, e.g. ``"3.12.3"``.
+        on_colab: whether the kernel runs on Google Colab (:func:`on_colab`).
+    """
 
     platform: str  # "cpu", "gpu" or "tpu" (JAX's default backend)
     device_kind: str
@@ -116,6 +149,7 @@ class RuntimeInfo:
     on_colab: bool
 
     def as_dict(self) -> dict[str, object]:
+        """The fields as a dict, ``{name: value}`` (:func:`dataclasses.asdict`)."""
         return dataclasses.asdict(self)
 
     def __str__(self) -> str:
@@ -140,7 +174,13 @@ def _platform_name(backend: str) -> str:
 
 
 def describe() -> RuntimeInfo:
-    """Platform, devices and versions of the running kernel."""
+    """Platform, devices and versions of the running kernel.
+
+    Starts JAX's backends if they have not started (it lists the devices).
+
+    Returns:
+        A :class:`RuntimeInfo`.
+    """
     from importlib.metadata import version
 
     devices = jax.devices()
@@ -213,7 +253,16 @@ def demo_mesh(
 
 @dataclasses.dataclass(frozen=True)
 class SetupCheck:
-    """One line of the setup check: what was checked, whether it passed, the fix if not."""
+    """One line of the setup check: what was checked, whether it passed, the fix if not.
+
+    ``str()`` gives ``✓ name: detail``, or ``✗ name: detail`` and the fix below it.
+
+    Attributes:
+        name: what was checked, e.g. ``"jit and grad"``.
+        ok: whether the check passed.
+        detail: what was found (for a check that raised, the exception).
+        fix: what to do when it failed; empty for a check that cannot fail.
+    """
 
     name: str
     ok: bool
@@ -246,7 +295,22 @@ def _smoke_shard_map(mesh: jax.sharding.Mesh) -> float:
 
 
 def check_setup(n_devices: int = BOOK_DEVICE_COUNT) -> list[SetupCheck]:
-    """Run the book's setup checks (devices, jit, grad, shard_map) and return one line each."""
+    """Run the book's setup checks (devices, jit, grad, shard_map) and return one line each.
+
+    The checks: the JAX version is at least the book's floor; at least ``n_devices``
+    devices exist (accelerators or CPU devices); ``jit`` of a sum of sines and
+    ``grad`` of :math:`\\sum x^3` match their closed forms; and, when enough devices
+    exist, a ``psum`` under ``shard_map`` over a ``n_devices`` mesh matches the sum on
+    one device. A check that raises is reported as failed (the exception in its
+    ``detail``), not raised.
+
+    Args:
+        n_devices: the devices the sharding chapters need, an int; the book's 8
+            (:data:`BOOK_DEVICE_COUNT`) by default.
+
+    Returns:
+        Four :class:`SetupCheck` s, in the order above.
+    """
     import jax.numpy as jnp
 
     from beyondgrad import JAX_FLOOR
@@ -335,7 +399,16 @@ def check_setup(n_devices: int = BOOK_DEVICE_COUNT) -> list[SetupCheck]:
 
 @dataclasses.dataclass(frozen=True)
 class DriftDifference:
-    """One behaviour of the book that your JAX does differently from the book's JAX."""
+    """One behaviour of the book that your JAX does differently from the book's JAX.
+
+    ``str()`` names the chapter section, the probe and both outcomes.
+
+    Attributes:
+        probe_id: the drift probe's id.
+        chapter: the page and section that teach the behaviour.
+        book: the probe's outcome recorded for the book's JAX.
+        yours: its outcome on the running JAX.
+    """
 
     probe_id: str
     chapter: drift.ChapterRef
@@ -353,7 +426,20 @@ class DriftDifference:
 
 @dataclasses.dataclass(frozen=True)
 class DriftCheck:
-    """The fast drift probes run on your JAX, compared with the book's recorded row."""
+    """The fast drift probes run on your JAX, compared with the book's recorded row.
+
+    Made by :func:`check_my_jax`; ``str()`` summarises it, section by section.
+
+    Attributes:
+        jax_version: the JAX version the probes ran on.
+        book_version: the recorded JAX version compared with.
+        probes_run: the number of probes that ran.
+        seconds: wall seconds from starting the probe process to its end.
+        differences: the probes whose outcome differs from the recorded one (outcome
+            kind, value or exception class), in the order of the probe list; probes
+            with no recorded outcome are not compared.
+        outcomes: every probe's outcome on your JAX, by probe id.
+    """
 
     jax_version: str
     book_version: str

@@ -101,7 +101,15 @@ def _mesh_sizes(mesh: Mesh | Mapping[str, int]) -> dict[str, int]:
 
 
 def spec_str(spec: P) -> str:
-    """``P('data', None)`` on every JAX version (0.8.x prints ``PartitionSpec(...)``)."""
+    """``P('data', None)`` on every JAX version (0.8.x prints ``PartitionSpec(...)``).
+
+    Args:
+        spec: a ``jax.sharding.PartitionSpec``.
+
+    Returns:
+        ``"P(...)"`` with the ``repr`` of each entry, e.g. ``P('data', None, ('a',
+        'b'))``.
+    """
     return "P(" + ", ".join(repr(e) for e in spec) + ")"
 
 
@@ -276,7 +284,20 @@ def _fmt_axes(axes: frozenset[str]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class VmaRow:
-    """One equation of the traced ``shard_map`` body."""
+    """One equation of the traced ``shard_map`` body.
+
+    Attributes:
+        index: the equation's position in the report, depth first: a nested jaxpr's
+            rows follow the equation that holds it.
+        where: ``""`` for the body itself, else the path of the nested jaxpr,
+            ``primitive.param`` per level joined by ``/``, e.g. ``"scan.jaxpr"`` or
+            ``"cond.branches[1]"``.
+        primitive: the primitive's name, e.g. ``"psum"``.
+        in_vma: the mesh axes each operand varies over, in operand order.
+        out_vma: the mesh axes each result varies over.
+        out_types: each result's short type, e.g. ``"f32[1]{V:data}"`` (the
+            ``{V:...}`` suffix lists its varying axes).
+    """
 
     index: int
     where: str  # "" for the body itself, else the path of the nested jaxpr, e.g. "scan"
@@ -288,7 +309,19 @@ class VmaRow:
 
 @dataclasses.dataclass(frozen=True)
 class VmaReport:
-    """Per-equation varying axes of a function traced under ``shard_map``."""
+    """Per-equation varying axes of a function traced under ``shard_map``.
+
+    Made by :func:`explain_vma`; ``str()`` and :meth:`table` give a text table.
+
+    Attributes:
+        mesh_axes: the mesh's axis names.
+        arg_vma: the mesh axes each argument leaf varies over inside the body.
+        arg_types: each argument leaf's short type inside the body (its block),
+            e.g. ``"f32[1]{V:data}"``.
+        rows: one :class:`VmaRow` per equation, nested jaxprs included.
+        out_vma: the mesh axes each result leaf of the function varies over.
+        out_types: each result leaf's short type.
+    """
 
     mesh_axes: tuple[str, ...]
     arg_vma: tuple[frozenset[str], ...]
@@ -298,11 +331,27 @@ class VmaReport:
     out_types: tuple[str, ...]
 
     def primitives(self, where: str | None = None) -> list[str]:
-        """Primitive names in order (all levels, or only those at ``where``)."""
+        """Primitive names in order (all levels, or only those at ``where``).
+
+        Args:
+            where: a :attr:`VmaRow.where` path (``""`` for the body's own equations);
+                ``None`` (the default): every level.
+
+        Returns:
+            The rows' primitive names, in row order, repeats kept.
+        """
         return [r.primitive for r in self.rows if where is None or r.where == where]
 
     def count(self, primitive: str) -> int:
-        """How many equations (at any nesting level) use ``primitive``."""
+        """How many equations (at any nesting level) use ``primitive``.
+
+        Args:
+            primitive: a primitive's name, e.g. ``"psum"`` (a str, not the
+                ``Primitive`` object: that counts 0).
+
+        Returns:
+            The number of rows whose primitive has that name.
+        """
         return sum(r.primitive == primitive for r in self.rows)
 
     def table(self) -> str:
@@ -636,6 +685,15 @@ class BlockLayout:
     ``blocks[d]`` is the tuple of ``slice`` objects (one per array dimension) of the block
     held by the device at flat mesh position ``d`` (row-major over ``mesh_shape``).
     Inside ``shard_map`` the argument varies over exactly the mesh axes its spec names.
+
+    Attributes:
+        mesh_shape: the mesh's size along each axis.
+        axis_names: the mesh's axis names, one per entry of ``mesh_shape``.
+        spec: the ``PartitionSpec``.
+        array_shape: the global array's shape.
+        blocks: per flat mesh position (row-major), one ``slice`` per array
+            dimension: the block that device holds.
+        varying: the mesh axes the spec names (those the block varies over).
     """
 
     mesh_shape: tuple[int, ...]
@@ -652,6 +710,7 @@ class BlockLayout:
 
     @property
     def block_shape(self) -> tuple[int, ...]:
+        """The shape of each block (all blocks have the same)."""
         return tuple(s.stop - s.start for s in self.blocks[0])
 
     def holders(self) -> dict[tuple[tuple[int, int], ...], list[int]]:

@@ -696,6 +696,22 @@ def slater_laplacian(
 def logdet_and_inverse(a: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(log|det a|, a^{-1})`` from one LU factorisation (the diagonal of U gives the log-determinant).
 
+    With :math:`PA = LU` (:math:`L` unit lower triangular, :math:`P` a permutation),
+    :math:`|\\det a| = \\prod_i |U_{ii}|`, so :math:`\\log|\\det a| = \\sum_i
+    \\log|U_{ii}|`; the inverse solves :math:`a X = I` with the same factors. A
+    singular ``a`` is no error: a zero (or, after rounding, tiny) :math:`U_{ii}` makes
+    the log-determinant ``-inf`` (or very negative) and the inverse non-finite (or
+    huge).
+
+    Args:
+        a: a square real floating-point matrix, shape ``(n, n)`` (a Slater matrix);
+            inside ``shard_map`` the identity solved against it takes its varying
+            mesh axes.
+
+    Returns:
+        The pair ``(logdet, inverse)``, a scalar and an ``(n, n)`` array, both of
+        ``a``'s dtype.
+
     Raises:
         ValueError: ``a`` is not a square matrix ``(n, n)`` (the message gives its shape).
         TypeError: ``a`` is not real floating-point.

@@ -233,7 +233,15 @@ def transform(fn: Callable, name: str) -> Callable:
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """One level of a (possibly nested) tracer: its type name and aval."""
+    """One level of a (possibly nested) tracer: its type name and aval.
+
+    ``str()`` gives ``"type_name aval"``.
+
+    Attributes:
+        type_name: the class name of the value at this level, e.g. ``"JVPTracer"``,
+            ``"BatchTracer"`` or ``"ArrayImpl"``.
+        aval: its abstract value as ``str(jax.typeof(value))``, e.g. ``"f32[3]"``.
+    """
 
     type_name: str
     aval: str
@@ -248,6 +256,16 @@ def tracer_layers(x: PyTree) -> tuple[Layer, ...]:
     Autodiff tracers hold their primal (``.primal``), batch tracers the batched value
     (``.val``); the chain ends at a tracer with neither (a ``jit`` tracer) or at a
     plain array. ``x`` must be one array, scalar or tracer (not a pytree).
+
+    Args:
+        x: one JAX or NumPy array, a Python or NumPy scalar, or a tracer (e.g. the
+            argument a transformed function receives).
+
+    Returns:
+        One :class:`Layer` per level, outermost (``x`` itself) first.
+
+    Raises:
+        TypeError: ``x`` is none of those (e.g. a list or dict: pass one leaf).
     """
     leaf_types = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
     if not (compat.is_tracer(x) or isinstance(x, leaf_types)):
@@ -302,7 +320,23 @@ def _is_jax_error(cls_name: str | None) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Observation:
-    """What a function saw under one transformation, and how the call ended."""
+    """What a function saw under one transformation, and how the call ended.
+
+    Made by :func:`inspect_transformations`; :meth:`row` gives its table row.
+
+    Attributes:
+        transformation: the transformation's name, e.g. ``"jit(grad)"``.
+        called: whether the function body ran (``False``, e.g., when a cached trace
+            was reused); if not, ``layers``, ``concrete`` and ``conversions`` are
+            empty.
+        layers: the watched argument's :class:`Layer` s, outermost first.
+        concrete: whether a concrete value is reachable from the argument.
+        conversions: for each label of :data:`CONVERSIONS`, the class name of the
+            exception that conversion raised, or ``None`` if it worked.
+        error: the class name of the exception the transformed call raised, or
+            ``None`` if it returned.
+        message: the first line of that exception's message (``""`` if none).
+    """
 
     transformation: str
     called: bool  # False if the function body never ran (e.g. a cached trace)
@@ -316,10 +350,12 @@ class Observation:
 
     @property
     def tracer_type(self) -> str:
+        """The outermost layer's type name (``"-"`` if the body never ran)."""
         return self.layers[0].type_name if self.layers else "-"
 
     @property
     def aval(self) -> str:
+        """The outermost layer's aval (``"-"`` if the body never ran)."""
         return self.layers[0].aval if self.layers else "-"
 
     @property
@@ -520,7 +556,13 @@ def _jax_error_classes() -> dict[str, list[str]]:
 
 
 def error_tree() -> str:
-    """The ``jax.errors`` classes as an indented tree under their Python base classes."""
+    """The ``jax.errors`` classes as an indented tree under their Python base classes.
+
+    Returns:
+        The text, one class a line from ``BaseException`` down, each indented four
+        spaces deeper than its base class; the ``jax.errors`` classes are written
+        ``jax.errors.Name``.
+    """
     classes = _jax_error_classes()
     children: dict[str, set[str]] = {}
     for name, bases in classes.items():
@@ -549,7 +591,12 @@ def error_tree() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Call:
-    """Positional and keyword arguments of one call (see :func:`call`)."""
+    """Positional and keyword arguments of one call (see :func:`call`).
+
+    Attributes:
+        args: the positional arguments, in order.
+        kwargs: the keyword arguments, by name.
+    """
 
     args: tuple
     kwargs: Mapping[str, Any]
@@ -602,6 +649,21 @@ class CompilationCounter:
     reused. :meth:`cache_size` is ``jit``'s own count of dispatch-cache entries
     (:func:`beyondgrad.compat.jit_cache_size`); it grows at every trace, and also at
     some calls that reuse a trace (a NumPy argument with the same aval).
+
+    Calling the counter calls the jitted function with the same arguments.
+
+    Args:
+        fn: the function to jit and count.
+        **jit_kwargs: passed to ``jax.jit``: only ``static_argnums``,
+            ``static_argnames``, ``donate_argnums`` and ``donate_argnames``.
+
+    Attributes:
+        fn: the function given.
+        traces: how many times ``fn``'s body has run (starts at 0).
+        jitted: the ``jax.jit`` of the counting wrapper.
+
+    Raises:
+        TypeError: ``fn`` is not callable, or another ``jit`` option is given.
     """
 
     def __init__(self, fn: Callable, **jit_kwargs: Any):
@@ -630,7 +692,16 @@ class CompilationCounter:
 
 @dataclasses.dataclass(frozen=True)
 class TraceLog:
-    """Per call: did ``jit`` trace the function again, and the cache size after it."""
+    """Per call: did ``jit`` trace the function again, and the cache size after it.
+
+    Made by :func:`count_traces`; ``str()`` gives one line per call and the total.
+
+    Attributes:
+        calls: the calls, in the order made.
+        retraced: per call, whether it ran the function's Python body (a new trace).
+        cache_sizes: per call, ``jit``'s dispatch-cache entries after it
+            (:meth:`CompilationCounter.cache_size`).
+    """
 
     calls: tuple[Call, ...]
     retraced: tuple[bool, ...]
@@ -638,6 +709,7 @@ class TraceLog:
 
     @property
     def traces(self) -> int:
+        """How many of the calls traced the function."""
         return sum(self.retraced)
 
     def __str__(self) -> str:
@@ -729,6 +801,17 @@ def jax_log(option: str) -> Iterator[list[str]]:
         with tracers.jax_log("jax_explain_cache_misses") as messages:
             jax.jit(f)(x)
         print("\\n".join(messages))
+
+    Args:
+        option: the option to turn on, one of :data:`LOG_OPTIONS`
+            (``"jax_explain_cache_misses"`` or ``"jax_log_compiles"``).
+
+    Yields:
+        The list the messages are appended to, as they are logged; it keeps them
+        after the block.
+
+    Raises:
+        ValueError: ``option`` is not in :data:`LOG_OPTIONS`.
     """
     if option not in LOG_OPTIONS:
         raise ValueError(f"option must be one of {LOG_OPTIONS}, got {option!r}")
@@ -795,6 +878,12 @@ class RaisingFrames:
     ``str()`` gives the error's class and first message line, then each frame as
     ``folder/file.py:line in function`` with its source line below it, every line cut
     to :attr:`width` columns.
+
+    Attributes:
+        error: the exception raised.
+        frames: the frames from the caller's innermost line down to the one that
+            raised, outermost first.
+        width: the columns ``str()`` cuts each line to; 78 by default.
     """
 
     error: BaseException

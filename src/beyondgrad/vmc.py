@@ -80,6 +80,9 @@ __all__ = [
     "walker_keys",
 ]
 
+#: The gradient estimators of :func:`energy_and_grad`, ``"vmc"`` (the covariance
+#: form :math:`\frac2B\sum_b (E_L(x_b)-\bar E)\nabla_\theta\log|\psi(x_b)|`), and
+#: ``"direct"`` (:math:`\nabla_\theta \frac1B\sum_b E_L(x_b)`).
 Estimator = Literal["vmc", "direct"]
 
 
@@ -663,11 +666,21 @@ def sharded_energy_and_grad(
     probes as :func:`energy_and_grad` on one device.
 
     Args:
-        log_psi, params, walkers, method, estimator, key, omega: as for
-            :func:`energy_and_grad`; the number of walkers must be divisible by the
-            size of the mesh axis ``axis_name``.
+        log_psi: ``log_psi(params, positions (n, 3)) -> scalar`` (module contract),
+            as for :func:`energy_and_grad`.
+        params: its parameters, a pytree of floating-point arrays; replicated
+            (``P()``) over the mesh.
+        walkers: ``(B, n, 3)`` floating-point positions, ``B >= 1`` and divisible by
+            the size of the mesh axis ``axis_name``; split over that axis.
         mesh: a ``jax.sharding.Mesh`` that has the axis ``axis_name``.
-        axis_name: the mesh axis the walkers are split over.
+        axis_name: the mesh axis the walkers are split over, a str; ``"data"`` by
+            default.
+        method: the Laplacian method (:data:`beyondgrad.laplacian.METHODS`);
+            ``"loop"`` by default.
+        estimator: ``"vmc"`` (the default) or ``"direct"``, as for
+            :func:`energy_and_grad`.
+        key: the PRNG key of ``method="hutchinson"`` (refused with other methods).
+        omega: the trap frequency, a Python number; 1.0 by default.
 
     Returns:
         ``(mean local energy (), gradient)``, invariant (replicated) over the mesh.
