@@ -17,6 +17,7 @@ from pathlib import Path
 
 __all__ = ["JAX_FLOOR", "__version__"]
 
+#: The helper package's version.
 __version__ = "0.1.0"
 
 
