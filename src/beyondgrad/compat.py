@@ -90,6 +90,7 @@ __all__ = [
     "vjp_hi_primitive_base",
 ]
 
+#: One mesh axis name or a sequence of them (as ``shard_map``'s ``axis_names``).
 AxisNames = str | Sequence[str]
 
 

@@ -53,6 +53,7 @@ __all__ = [
 ]
 
 Kind = Literal["returns", "raises", "crash", "unavailable"]
+#: The kinds of outcome a probe can have (the values of ``Kind``), in order.
 KINDS: tuple[str, ...] = ("returns", "raises", "crash", "unavailable")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 #: Older ways JAX printed a type inside ``shard_map``: ``ShapedArray(float32[2])``

@@ -48,6 +48,7 @@ CH3 = "chapters/03_implicit_diff"
 CH4 = "chapters/04_shard_map_vma"
 CH5 = "chapters/05_laplacians"
 
+#: Every probe, by id (its function's name), in registration order.
 PROBES: dict[str, Probe] = {}
 
 

@@ -70,6 +70,8 @@ EX3A = "Exercise 1.3 (a) (where is the gradient NaN?)"
 #: ``n_max`` of the first two cases is drawn from ``FIX_JIT_MAX_N[0]``, of the third
 #: from ``FIX_JIT_MAX_N[1]``, so no bound written into the answer fits every check.
 FIX_JIT_SIZE = (5, 12)
+#: Exercise 1.1: the ranges the static bound ``n_max`` is drawn from (first two
+#: cases, third case); see :data:`FIX_JIT_SIZE`.
 FIX_JIT_MAX_N = ((3, 30), (60, 200))
 #: Accuracy required in exercise 1.1, for values and gradients: float32 iterates of
 #: ``sin`` and their derivative (a product of up to 200 cosines) differ from float64 by

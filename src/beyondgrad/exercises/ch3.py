@@ -72,6 +72,7 @@ SQRTM_TOL = 1e-12
 #: the closed form at a Newton root stopped at 1e-13 by 4.1e-13: ~7x below. A solve
 #: stopped at 1e-10 is off by 1e-9..1e-8, and the starter's series by 1e-7..1e-3.
 TOLERANCE_FIX_RTOL = 3e-12
+#: Exercise 3.3: the absolute part of the tolerance (:data:`TOLERANCE_FIX_RTOL`).
 TOLERANCE_FIX_ATOL = 1e-14
 
 #: Seconds a student's function may run before a checker gives up on it (3.1).

@@ -37,6 +37,7 @@ __all__ = [
 
 #: The mesh axis and its size.
 MESH_AXIS = "data"
+#: The number of devices on the mesh axis.
 DEVICES = 8
 #: Exercise 6.1: the clipping window's half-width in mean absolute deviations.
 CLIP_SCALE = 3.0
