@@ -19,8 +19,8 @@ Private APIs read here and nowhere else (each tested on both ends of the range):
 ``jax._src.core.to_concrete_value`` (:func:`concrete_value`), a ``jit`` function's
 ``_cache_size()`` (:func:`jit_cache_size`), and a jaxpr equation's bind parameters
 (:func:`bind_equation`, :func:`jaxpr_atom_value`). The jaxpr-level API the rest of the
-package uses is read here too: ``jax.extend.core``'s :data:`Primitive` class and
-:data:`primitives` module, and ``jax.core.eval_jaxpr`` (:func:`eval_jaxpr`).
+package uses is read here too: ``jax.extend.core``'s ``Primitive`` class and
+``primitives`` module, and ``jax.core.eval_jaxpr`` (:func:`eval_jaxpr`).
 
 Versions are compared with :func:`jax_version` (``jax.__version_info__``), never by
 parsing the string. Importing this module starts no backend.
