@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from beyondgrad import (
     compat,
     drift,
+    forward_laplacian,
     implicit,
     laplacian,
     linear,
@@ -943,6 +944,44 @@ CASES = [
         ),
         ValueError,
         ("(3, 3)", "3 electrons", "(3, 4)", "another number of electrons"),
+    ),
+    Case(
+        "elementwise-holomorphic-str",
+        lambda: forward_laplacian.elementwise(holomorphic="no"),
+        TypeError,
+        ("holomorphic", "True or False", "str"),
+    ),
+    Case(
+        "generic-reason-int",
+        lambda: forward_laplacian.generic(reason=3),
+        TypeError,
+        ("reason", "a str", "int"),
+    ),
+    Case(
+        "check_setup-n_devices-float",
+        lambda: runtime.check_setup(8.0),
+        TypeError,
+        ("n_devices", "int", "float"),
+    ),
+    Case(
+        "check_setup-n_devices-zero",
+        lambda: runtime.check_setup(0),
+        ValueError,
+        ("n_devices", "positive", "0"),
+    ),
+    Case(
+        "spec_str-a-tuple",
+        lambda: sharding.spec_str(("data", None)),
+        TypeError,
+        ("spec", "PartitionSpec", "tuple"),
+    ),
+    Case(
+        "VmaReport.count-a-Primitive",
+        lambda: sharding.explain_vma(
+            lambda x: 2 * x, _mesh(), P("data"), jnp.ones(8), out_specs=P("data")
+        ).count(jax.lax.psum_p),
+        TypeError,
+        ("primitive", "a str", f"pass its name, {jax.lax.psum_p.name!r}"),
     ),
 ]
 

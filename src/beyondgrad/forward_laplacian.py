@@ -684,7 +684,15 @@ def generic(reason: str = "") -> Rule:
 
     Returns:
         A :class:`Rule` of kind ``"generic"``.
+
+    Raises:
+        TypeError: ``reason`` is not a str.
     """
+    if not isinstance(reason, str):
+        raise TypeError(
+            f"generic(): reason must be a str (why no structured rule is written), "
+            f"got {type(reason).__name__}"
+        )
     return Rule("generic", _apply_generic, reason)
 
 
@@ -772,7 +780,11 @@ def elementwise(*, holomorphic: bool = True) -> Rule:
 
     Returns:
         A :class:`Rule` of kind ``"elementwise"``.
+
+    Raises:
+        TypeError: ``holomorphic`` is not ``True`` or ``False``.
     """
+    _checks.boolean(holomorphic, "holomorphic", where="elementwise(): ")
 
     def apply(eqn: Any, ins: list) -> list:
         if len(ins) != 1 or (not holomorphic and _is_complex(ins[0].val)):

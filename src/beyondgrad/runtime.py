@@ -310,7 +310,14 @@ def check_setup(n_devices: int = BOOK_DEVICE_COUNT) -> list[SetupCheck]:
 
     Returns:
         Four :class:`SetupCheck` s, in the order above.
+
+    Raises:
+        TypeError: ``n_devices`` is not an int.
+        ValueError: ``n_devices`` is below 1.
     """
+    _checks.integer(
+        n_devices, "n_devices", minimum=1, meaning="devices", where="check_setup(): "
+    )
     import jax.numpy as jnp
 
     from beyondgrad import JAX_FLOOR

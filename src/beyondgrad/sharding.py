@@ -109,7 +109,15 @@ def spec_str(spec: P) -> str:
     Returns:
         ``"P(...)"`` with the ``repr`` of each entry, e.g. ``P('data', None, ('a',
         'b'))``.
+
+    Raises:
+        TypeError: ``spec`` is not a ``PartitionSpec``.
     """
+    if not isinstance(spec, P):
+        raise TypeError(
+            f"spec_str(): spec must be a jax.sharding.PartitionSpec, e.g. "
+            f"P('data', None), got {type(spec).__name__}"
+        )
     return "P(" + ", ".join(repr(e) for e in spec) + ")"
 
 
@@ -347,11 +355,25 @@ class VmaReport:
 
         Args:
             primitive: a primitive's name, e.g. ``"psum"`` (a str, not the
-                ``Primitive`` object: that counts 0).
+                ``Primitive`` object).
 
         Returns:
             The number of rows whose primitive has that name.
+
+        Raises:
+            TypeError: ``primitive`` is not a str (for a ``Primitive`` object the
+                message names ``.name``).
         """
+        if not isinstance(primitive, str):
+            hint = (
+                f": pass its name, {primitive.name!r}"
+                if isinstance(getattr(primitive, "name", None), str)
+                else ""
+            )
+            raise TypeError(
+                f"VmaReport.count(): primitive must be a primitive's name (a str)"
+                f"{hint}, got {type(primitive).__name__}"
+            )
         return sum(r.primitive == primitive for r in self.rows)
 
     def table(self) -> str:
