@@ -1,8 +1,9 @@
 """Particle sparsity in the forward Laplacian (``forward_jet(..., particles=n)``):
 the same value, gradient and Laplacian as the float64 Hessian trace and ``jax.grad``
 on pair features (with their ``i == j`` diagonal), pooling over electrons, mixed
-sparse and dense operands, control flow and both all-electron models (plain, ``jit``,
-``vmap`` over walkers, the parameter gradient of the kinetic energy); and the
+sparse and dense operands, control flow and both all-electron models (under ``jit``,
+``vmap`` over walkers and the parameter gradient of the kinetic energy:
+tests/test_all_electron.py, dense and sparse against one reference); and the
 sparsity itself, measured: the pair stream's carried derivative has ``(c, n, n, w)``
 storage and the compiled program fewer flops."""
 
@@ -212,40 +213,6 @@ def test_models_match_the_hessian_trace(name):
         params, log_psi = _model(name, n)
         f = lambda v: log_psi(params, v.reshape(n, 3))  # noqa: E731
         _check(f, _points(n), (n,))  # dense: tests/test_all_electron.py
-
-
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_models_under_jit_vmap_and_parameter_gradient(name):
-    n = 5
-    with jax.enable_x64(True):
-        params, log_psi = _model(name, n)
-        walkers = _points(n, count=2, seed=4)
-        got = jax.jit(jax.vmap(lambda x: _kinetic(log_psi, params, x, n, n)))(walkers)
-        want = jax.jit(jax.vmap(lambda x: _kinetic_hessian(log_psi, params, x, n)))(
-            walkers
-        )
-        # float64 rounding of lap + |grad|^2: measured up to 1.8e-11 (psiformer)
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10)
-
-        def mean_kinetic(p, particles):
-            return jnp.mean(
-                jax.vmap(lambda x: _kinetic(log_psi, p, x, n, particles))(walkers)
-            )
-
-        g_sparse = jax.jit(jax.grad(mean_kinetic), static_argnums=1)(params, n)
-        g_h = jax.jit(
-            jax.grad(
-                lambda p: jnp.mean(
-                    jax.vmap(lambda x: _kinetic_hessian(log_psi, p, x, n))(walkers)
-                )
-            )
-        )(params)
-        flat_s, flat_h = jax.tree.leaves(g_sparse), jax.tree.leaves(g_h)
-        assert len(flat_s) == len(flat_h) > 5
-        scale = max(float(jnp.max(jnp.abs(b))) for b in flat_h)
-        assert scale > 0.1
-        for a, b in zip(flat_s, flat_h):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-10 * scale)
 
 
 def test_laplacian_entry_point_forwards_particles():
