@@ -691,6 +691,10 @@ def _check_variance(fn: Callable[..., Any], strict: bool, seed: int) -> ex.Feedb
         ),
         compiler_options=_FAST_COMPILE,
     )
+    # The student's function first, on the first case's shapes (traced, nothing
+    # compiled): a bare stub is answered before any reference work.
+    if ex.is_stub(_trace_answer(step, *sizes[0])):
+        return ex.verdict(name, [], attempted=False, strict=strict)
     problems: list[str] = []
     for (electrons, per_device), ref in zip(
         sizes, _variance_cases(tuple(sizes), int(seed))
@@ -719,6 +723,29 @@ def _check_variance(fn: Callable[..., Any], strict: bool, seed: int) -> ex.Feedb
         "maximum over the variance or over the whole gradient)",
         strict=strict,
     )
+
+
+def _trace_answer(step: Any, electrons: int, per_device: int) -> Any:
+    """``step`` traced at one case's shapes (``jax.eval_shape``: parameters and walkers
+    as abstract float64 arrays, nothing runs or compiles), through
+    :func:`~beyondgrad.exercises.call_answer`: a stub's verdict, a failure, or the
+    result's shapes."""
+    from beyondgrad import wavefunctions
+
+    with jax.enable_x64(True):
+        init = functools.partial(
+            wavefunctions.init_params,
+            n_electrons=electrons,
+            hidden=VAR_HIDDEN,
+            dtype=jnp.float64,
+        )
+        params = jax.eval_shape(init, jax.random.key(0))
+        walkers = jax.ShapeDtypeStruct(
+            (per_device * SHARDED_DEVICES, electrons, 3), jnp.float64
+        )
+        return ex.call_answer(
+            jax.eval_shape, step, params, walkers, what="your step inside shard_map"
+        )
 
 
 def _variance_problems(
