@@ -478,11 +478,18 @@ def plot_benchmark(
 
 #: The intermediates of :func:`dependence_patterns`, in the order of the layer.
 DEPENDENCE_PANELS = ("r", "h_pair", "pooled", "h_one")
-#: The FermiNet-like layer the figure traces (``beyondgrad.all_electron``).
-LAYER_WIDTH, LAYER_PAIR_WIDTH = 16, 8
-#: Cell values of :func:`dependence_patterns`' ``image``: a zero that only a dense
-#: ``(3n, ...)`` Jacobian stores, a derivative a particle term stores, a dense one.
-ZERO_IN_DENSE, SPARSE_STORED, DENSE_STORED = 0, 1, 2
+#: One-electron stream width of the FermiNet-like layer the figure traces
+#: (``beyondgrad.all_electron``).
+LAYER_WIDTH = 16
+#: Pair stream width of that layer.
+LAYER_PAIR_WIDTH = 8
+#: Value of a cell of :func:`dependence_patterns`' ``image``: a zero that only a
+#: dense ``(3n, ...)`` Jacobian stores.
+ZERO_IN_DENSE = 0
+#: Value of a cell whose derivative a particle term stores.
+SPARSE_STORED = 1
+#: Value of a cell whose derivative a dense Jacobian stores.
+DENSE_STORED = 2
 
 
 def _recorded_layer(n: int, particles: bool) -> list[tuple[str, tuple[int, ...], Any]]:
