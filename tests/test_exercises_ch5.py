@@ -727,3 +727,20 @@ def test_sharded_bad_inputs_each_get_their_message(answer, expected):
 def test_sharded_bad_seed_is_refused():
     with pytest.raises(TypeError, match="seed must be an int or None"):
         ch5._check_variance(variance_step, False, "3")
+
+
+def test_sharded_stub_is_answered_before_any_reference_work(monkeypatch):
+    """The answer is traced first (shapes only): a bare stub gets its verdict without
+    the problems and references being built, which cost compiles; any other answer,
+    a wrong one included, still reaches them."""
+
+    def no_references(*args):
+        raise AssertionError("the references were built")
+
+    monkeypatch.setattr(ch5, "_variance_cases", no_references)
+    fb = check(stub)
+    assert not fb.passed and not fb.attempted
+    assert "not attempted yet" in text(fb)
+    for answer in (variance_step, _wrong_axis, raises_inside):
+        with pytest.raises(AssertionError, match="the references were built"):
+            check(answer)

@@ -398,3 +398,153 @@ def test_time_split_pairs_the_method_with_its_parts():
     data["parts"][0]["family"] = "gto"
     with pytest.raises(ValueError, match="no slater_laplacian row for 'gto'"):
         figs.time_split(data, 32)
+
+
+# ---------------------------------------------------------------------------------------
+# The dependence pattern through one equivariant layer, read from the engine
+
+
+def _layer(params, r):
+    """The first layer of all_electron.ferminet_log_psi, written out here (not the
+    package's code): the four intermediates of figs.DEPENDENCE_PANELS."""
+    import jax.numpy as jnp
+
+    n = r.shape[0]
+    n_up = n // 2
+
+    def rho(v):
+        return jnp.sqrt(jnp.sum(v * v, axis=-1, keepdims=True) + 1.0)
+
+    ((w, b, v, c),) = params["layers"]
+    h = jnp.concatenate([r, rho(r)], axis=-1)
+    diff = r[:, None, :] - r[None, :, :]
+    h2 = jnp.concatenate([diff, rho(diff)], axis=-1)
+    means = jnp.concatenate([h[:n_up].mean(0), h[n_up:].mean(0)])
+    pooled = jnp.broadcast_to(means, (n, means.shape[0]))
+    f = jnp.concatenate(
+        [h, pooled, h2[:, :n_up].mean(1), h2[:, n_up:].mean(1)], axis=-1
+    )
+    return {
+        "r": r,
+        "h_pair": jnp.tanh(h2 @ v + c),
+        "pooled": pooled,
+        "h_one": jnp.tanh(f @ w + b),
+    }
+
+
+def _true_patterns(n):
+    """name -> bool (rows, n): where jax.jacfwd of the written-out layer is non-zero
+    at a random point, by electron (features and coordinates folded in)."""
+    import jax
+    import numpy as np
+
+    from beyondgrad import all_electron
+
+    params = all_electron.init_ferminet(
+        jax.random.key(3),
+        n,
+        width=figs.LAYER_WIDTH,
+        pair_width=figs.LAYER_PAIR_WIDTH,
+        layers=1,
+        determinants=1,
+    )
+    r = jax.random.normal(jax.random.key(4), (n, 3))
+    jac = jax.jit(jax.jacfwd(_layer, argnums=1))(params, r)
+    out = {}
+    for name, j in jac.items():
+        j = np.asarray(j)  # (*shape, n, 3)
+        rows = int(np.prod(j.shape[:-3]))
+        out[name] = (j.reshape(rows, -1, n, 3) != 0).any(axis=(1, 3))
+    return out
+
+
+def _mismatches(panels, truth, n):
+    """Where a panel's pattern is not what the layer depends on: exact for every
+    panel, except that the pair stream's diagonal h_ii (built from r_i - r_i = 0, a
+    constant) keeps its electron i."""
+    import numpy as np
+
+    wrong = []
+    for panel in panels:
+        want = truth[panel["name"]].copy()
+        if panel["name"] == "h_pair":
+            for i in range(n):
+                want[i * n + i, i] = True
+        if not np.array_equal(panel["pattern"], want):
+            wrong.append(panel["name"])
+    return wrong
+
+
+@pytest.mark.parametrize("n", [6, 5])
+def test_the_dependence_pattern_is_the_layers_own(n):
+    """The engine's particle terms name exactly the electrons each intermediate
+    depends on (jax.jacfwd of the layer written out here); the dense engine's
+    pattern is wrong where the layer is sparse, so this comparison can fail."""
+    import numpy as np
+
+    truth = _true_patterns(n)
+    sparse = figs.dependence_patterns(n)
+    assert [p["name"] for p in sparse] == list(figs.DEPENDENCE_PANELS)
+    assert _mismatches(sparse, truth, n) == []
+    # the pattern really is sparse where the figure says so ...
+    assert np.array_equal(sparse[0]["pattern"], np.eye(n, dtype=bool))
+    pair = sparse[1]["pattern"].reshape(n, n, n)
+    for i in range(n):
+        for j in range(n):
+            assert set(np.flatnonzero(pair[i, j])) == {i, j}
+    # ... and dense after the pooling, in the layer itself too
+    assert truth["pooled"].all() and truth["h_one"].all()
+    dense = figs.dependence_patterns(n, particles=False)
+    assert _mismatches(dense, truth, n) == ["r", "h_pair"]
+
+
+def test_what_the_jets_store():
+    n, c = 6, 3
+    panels = {p["name"]: p for p in figs.dependence_patterns(n)}
+    pair = panels["h_pair"]
+    assert pair["shape"] == (n, n, figs.LAYER_PAIR_WIDTH)
+    assert pair["sparse"] and pair["terms"] == 2
+    assert pair["stored"] == 2 * c * n * n * figs.LAYER_PAIR_WIDTH
+    assert pair["dense"] == 3 * n * n * n * figs.LAYER_PAIR_WIDTH
+    assert panels["r"]["terms"] == 1 and panels["r"]["stored"] == c * n * c
+    for name in ("pooled", "h_one"):
+        p = panels[name]
+        assert not p["sparse"] and p["terms"] == 0 and p["stored"] == p["dense"]
+    assert panels["h_one"]["shape"] == (n, figs.LAYER_WIDTH)
+    dense = figs.dependence_patterns(n, particles=False)
+    assert all(not p["sparse"] and p["stored"] == p["dense"] for p in dense)
+
+
+def test_the_picture_draws_the_engines_pattern():
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    panels = figs.dependence_patterns(6)
+    axes = figs.plot_dependence(panels)
+    try:
+        for ax, panel in zip(axes, panels):
+            drawn = np.asarray(ax.get_images()[0].get_array())
+            assert np.array_equal(drawn, panel["image"])
+            assert np.array_equal(drawn != figs.ZERO_IN_DENSE, panel["pattern"])
+            assert f"{panel['stored']:,} stored" in ax.get_title()
+            assert f"dense Jacobian: {panel['dense']:,}" in ax.get_title()
+        assert np.array_equal(
+            np.asarray(axes[0].get_images()[0].get_array()),
+            np.where(np.eye(6, dtype=bool), figs.SPARSE_STORED, figs.ZERO_IN_DENSE),
+        )
+        assert (np.asarray(axes[3].get_images()[0].get_array()) == 2).all()
+    finally:
+        plt.close(axes[0].figure)
+
+
+def test_dependence_bad_inputs():
+    with pytest.raises(ValueError, match="n_electrons must be an int >= 2"):
+        figs.dependence_patterns(1)
+    with pytest.raises(TypeError, match="n_electrons must be a Python int"):
+        figs.dependence_patterns(6.0)
+    with pytest.raises(TypeError, match="particles must be True or False"):
+        figs.dependence_patterns(6, particles=6)
+    with pytest.raises(ValueError, match="non-empty list dependence_patterns"):
+        figs.plot_dependence([])
+    with pytest.raises(ValueError, match="need 4 axes"):
+        figs.plot_dependence(figs.dependence_patterns(4), axes=[None])

@@ -51,18 +51,23 @@ __all__ = [
 
 #: The mesh axis the sharded exercise runs over, and its size.
 MESH_AXIS = "data"
+#: The size of the mesh axis the sharded exercise runs over.
 SHARDED_DEVICES = 8
 #: Exercise 5.3: cases per check (each compiles the answer once); electron counts and
 #: walkers per device are drawn from these for every check, distinct within one
 #: check in both, so an answer with either size written in fails at least one case.
 VAR_CASES = 2
+#: Exercise 5.3: the electron counts a case draws from (see :data:`VAR_CASES`).
 VAR_ELECTRONS = (4, 5, 6)
+#: Exercise 5.3: the walkers per device a case draws from (see :data:`VAR_CASES`).
 VAR_WALKERS_PER_DEVICE = (1, 2, 3)
+#: Exercise 5.3: the hidden width of the drawn wavefunction.
 VAR_HIDDEN = 12
 #: Exercise 5.1: the largest number of variables a check draws, and the number of
 #: cases it checks: each case draws its own d (2 to FL_DIM) and number of outputs m
 #: (from :data:`FL_OUTPUTS`), distinct within one check, its functions and its point.
 FL_DIM = 5
+#: Exercise 5.1: the number of cases one check draws (see :data:`FL_DIM`).
 FL_POINTS = 3
 FL_OUTPUTS = (2, 3, 4, 5)
 #: Exercise 5.2: number of (matrix, row, update) cases a check draws, with distinct
@@ -89,7 +94,9 @@ Triple = tuple[jax.Array, jax.Array, jax.Array]
 #: each one (an answer off by 3x the tolerance is rejected, 0.3x accepted, with the
 #: numbers written in the test, so that loosening a tolerance 10x fails it).
 FL_TOL = 3e-15
+#: Exercise 5.2's tolerance (see :data:`FL_TOL` for how the three were measured).
 ROW_TOL = 5e-15
+#: Exercise 5.3's tolerance (see :data:`FL_TOL` for how the three were measured).
 VAR_TOL = 1e-13
 #: The book's solutions to 5.1 and 5.2 agree with the references to better than this.
 SOLUTION_ERROR_BOUND = 1e-14
@@ -691,6 +698,10 @@ def _check_variance(fn: Callable[..., Any], strict: bool, seed: int) -> ex.Feedb
         ),
         compiler_options=_FAST_COMPILE,
     )
+    # The student's function first, on the first case's shapes (traced, nothing
+    # compiled): a bare stub is answered before any reference work.
+    if ex.is_stub(_trace_answer(step, *sizes[0])):
+        return ex.verdict(name, [], attempted=False, strict=strict)
     problems: list[str] = []
     for (electrons, per_device), ref in zip(
         sizes, _variance_cases(tuple(sizes), int(seed))
@@ -719,6 +730,29 @@ def _check_variance(fn: Callable[..., Any], strict: bool, seed: int) -> ex.Feedb
         "maximum over the variance or over the whole gradient)",
         strict=strict,
     )
+
+
+def _trace_answer(step: Any, electrons: int, per_device: int) -> Any:
+    """``step`` traced at one case's shapes (``jax.eval_shape``: parameters and walkers
+    as abstract float64 arrays, nothing runs or compiles), through
+    :func:`~beyondgrad.exercises.call_answer`: a stub's verdict, a failure, or the
+    result's shapes."""
+    from beyondgrad import wavefunctions
+
+    with jax.enable_x64(True):
+        init = functools.partial(
+            wavefunctions.init_params,
+            n_electrons=electrons,
+            hidden=VAR_HIDDEN,
+            dtype=jnp.float64,
+        )
+        params = jax.eval_shape(init, jax.random.key(0))
+        walkers = jax.ShapeDtypeStruct(
+            (per_device * SHARDED_DEVICES, electrons, 3), jnp.float64
+        )
+        return ex.call_answer(
+            jax.eval_shape, step, params, walkers, what="your step inside shard_map"
+        )
 
 
 def _variance_problems(

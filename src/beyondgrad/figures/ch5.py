@@ -8,10 +8,15 @@
   data written by ``benchmarks/laplacian.py --record``): loaded with
   :mod:`importlib.resources` (so Colab reads it too) and plotted as time per method
   divided by the time of one evaluation of log|ψ|, against the number of electrons.
+* Particle sparsity (:func:`dependence_patterns`, :func:`plot_dependence`): which
+  electrons each intermediate of one equivariant layer of the FermiNet-like model can
+  depend on, read from the forward Laplacian's own jets (their particle terms' owner
+  arrays) while it traces the model, beside what a dense ``(3n, ...)`` Jacobian stores.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import json
 import math
@@ -25,16 +30,25 @@ if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
 __all__ = [
     "BENCHMARK_FIELDS",
     "BENCHMARK_RESOURCE",
+    "DENSE_STORED",
+    "DEPENDENCE_PANELS",
+    "DEPENDENCE_TITLES",
+    "LAYER_PAIR_WIDTH",
+    "LAYER_WIDTH",
+    "SPARSE_STORED",
+    "ZERO_IN_DENSE",
     "ROW_FIELDS",
     "MARKERS",
     "benchmark_series",
     "benchmark_targets",
     "describe_benchmark",
+    "dependence_patterns",
     "describe_tradeoff",
     "float32_accuracy",
     "hutchinson_tradeoff",
     "load_benchmark",
     "plot_benchmark",
+    "plot_dependence",
     "plot_tradeoff",
     "series_styles",
     "time_split",
@@ -455,5 +469,258 @@ def plot_benchmark(
         fontsize=7,
         loc="upper left",
         bbox_to_anchor=(1.02, 1.0),
+    )
+    return axes
+
+
+# ---------------------------------------------------------------------------------------
+# Particle sparsity: the dependence pattern through one equivariant layer
+
+#: The intermediates of :func:`dependence_patterns`, in the order of the layer.
+DEPENDENCE_PANELS = ("r", "h_pair", "pooled", "h_one")
+#: One-electron stream width of the FermiNet-like layer the figure traces
+#: (``beyondgrad.all_electron``).
+LAYER_WIDTH = 16
+#: Pair stream width of that layer.
+LAYER_PAIR_WIDTH = 8
+#: Value of a cell of :func:`dependence_patterns`' ``image``: a zero that only a
+#: dense ``(3n, ...)`` Jacobian stores.
+ZERO_IN_DENSE = 0
+#: Value of a cell whose derivative a particle term stores.
+SPARSE_STORED = 1
+#: Value of a cell whose derivative a dense Jacobian stores.
+DENSE_STORED = 2
+
+
+def _recorded_layer(n: int, particles: bool) -> list[tuple[str, tuple[int, ...], Any]]:
+    """``(primitive name, result shape, first result)`` of every equation the forward
+    Laplacian's interpreter runs on the FermiNet-like model with one layer, as its
+    rules return them (a ``SparseJet`` with owner arrays, a dense ``Jet`` or a plain
+    array). Parameters and input are shapes only: the program is traced
+    (``jax.make_jaxpr``), never run or compiled."""
+    import dataclasses
+
+    import jax
+
+    from beyondgrad import all_electron
+    from beyondgrad import forward_laplacian as fl
+
+    seen: list[tuple[str, tuple[int, ...], Any]] = []
+
+    def note(eqn: Any, outs: Any) -> Any:
+        if outs is not None:
+            seen.append((eqn.primitive.name, tuple(eqn.outvars[0].aval.shape), outs[0]))
+        return outs
+
+    def recording(rule: fl.Rule) -> fl.Rule:
+        sparse = rule.sparse
+        return dataclasses.replace(
+            rule,
+            apply=lambda eqn, ins: note(eqn, rule(eqn, ins)),
+            sparse=None
+            if sparse is None
+            else lambda eqn, ins: note(eqn, sparse(eqn, ins)),
+        )
+
+    init = functools.partial(
+        all_electron.init_ferminet,
+        n_electrons=n,
+        width=LAYER_WIDTH,
+        pair_width=LAYER_PAIR_WIDTH,
+        layers=1,
+        determinants=1,
+    )
+    params = jax.eval_shape(init, jax.random.key(0))  # shapes only: nothing runs
+
+    def laplacian(p: Any, r: jax.Array) -> Any:
+        fn = lambda v: all_electron.ferminet_log_psi(p, v.reshape(n, 3))  # noqa: E731
+        return fl.forward_jet(fn, r, particles=n if particles else None).lap
+
+    r = jax.ShapeDtypeStruct((3 * n,), jax.numpy.float32)
+    with fl.rules_overridden({p: recording(rule) for p, rule in fl.RULES.items()}):
+        jax.make_jaxpr(laplacian)(params, r)
+    return seen
+
+
+def _pick(
+    seen: Sequence[tuple[str, tuple[int, ...], Any]],
+    primitive: str,
+    shape: tuple[int, ...],
+) -> Any:
+    found = [out for name, s, out in seen if (name, s) == (primitive, shape)]
+    if not found:
+        raise RuntimeError(
+            f"the traced layer has no {primitive} of shape {shape}: has "
+            "beyondgrad.all_electron.ferminet_log_psi changed? Update _pick's choices"
+        )
+    return found[0]
+
+
+def dependence_patterns(
+    n_electrons: int = 6, *, particles: bool = True
+) -> list[dict[str, Any]]:
+    r"""Which electrons each intermediate of one equivariant layer can depend on, as
+    the forward Laplacian's jets store it (read from the engine, not derived by hand).
+
+    The FermiNet-like model of :mod:`beyondgrad.all_electron` with one layer
+    (widths :data:`LAYER_WIDTH`, :data:`LAYER_PAIR_WIDTH`) is traced through
+    :func:`beyondgrad.forward_laplacian.forward_jet` with ``particles=n`` (or dense,
+    ``particles=False``), every rule wrapped to record what it returns. Four
+    intermediates (:data:`DEPENDENCE_PANELS`): the positions ``r`` ``(n, 3)``; the
+    pair stream after the layer, :math:`h_{ij} = \tanh(h^0_{ij} V + c)`,
+    ``(n, n, pair width)``; the pooled means of the one-electron stream over each
+    spin, broadcast to every electron, ``(n, 8)``; and the one-electron stream after
+    the layer, ``(n, width)``.
+
+    Each intermediate's elements are grouped into rows by their electron axes (``i``,
+    or the pair ``(i, j)``, the feature axis folded in), and ``pattern[row, p]`` is
+    True where the jet stores a derivative with respect to electron ``p``'s
+    coordinates: the owners of its particle terms, or every electron for a dense
+    Jacobian. (A stored derivative may still be zero: on the diagonal ``i = j`` of
+    the pair stream both terms name electron ``i``, though :math:`h_{ii}` is built
+    from :math:`r_i - r_i = 0` and is constant.)
+
+    Args:
+        n_electrons: ``n >= 2`` (``n // 2`` spin up).
+        particles: True: the particle-sparse jets (``particles=n``); False: the dense
+            engine, every Jacobian ``(3n, ...)``.
+
+    Returns:
+        One dict per intermediate: ``name``, ``shape`` (of the value), ``rows`` (row
+        labels), ``pattern`` (bool ``(rows, n)``), ``sparse`` (True for particle
+        terms), ``terms`` (their number, 0 for dense), ``stored`` (numbers the jet
+        stores: terms × 3 × size, or 3n × size), ``dense`` (3n × size) and ``image``
+        (``int`` ``(rows, n)``: :data:`SPARSE_STORED` or :data:`DENSE_STORED` where
+        ``pattern`` holds, :data:`ZERO_IN_DENSE` elsewhere).
+    """
+    import numpy as np
+
+    from beyondgrad import _checks
+    from beyondgrad._sparse_jets import SparseJet
+
+    n = _checks.integer(
+        n_electrons, "n_electrons", minimum=2, where="dependence_patterns: "
+    )
+    _checks.boolean(particles, "particles", where="dependence_patterns: ")
+    seen = _recorded_layer(n, particles)
+    chosen = {
+        "r": _pick(seen, "reshape", (n, 3)),
+        "h_pair": _pick(seen, "tanh", (n, n, LAYER_PAIR_WIDTH)),
+        "pooled": _pick(seen, "broadcast_in_dim", (n, 8)),
+        "h_one": _pick(seen, "tanh", (n, LAYER_WIDTH)),
+    }
+    panels = []
+    for name in DEPENDENCE_PANELS:
+        jet = chosen[name]
+        shape = tuple(jet.val.shape)
+        lead = shape[:-1]  # electron axes; the last axis is features/coordinates
+        rows = [
+            str(idx[0]) if len(idx) == 1 else f"{idx[0]},{idx[1]}"
+            for idx in np.ndindex(*lead)
+        ]
+        size = int(np.prod(shape))
+        if isinstance(jet, SparseJet):
+            pattern = np.zeros((len(rows), n), bool)
+            for term in jet.terms:
+                owner = np.broadcast_to(term.owner, shape).reshape(len(rows), -1)
+                for row, owners in enumerate(owner):
+                    pattern[row, np.unique(owners)] = True
+            terms, stored = len(jet.terms), len(jet.terms) * jet.block * size
+            image = np.where(pattern, SPARSE_STORED, ZERO_IN_DENSE)
+        else:
+            pattern = np.ones((len(rows), n), bool)
+            terms, stored = 0, 3 * n * size
+            image = np.full(pattern.shape, DENSE_STORED)
+        panels.append(
+            {
+                "name": name,
+                "shape": shape,
+                "rows": rows,
+                "pattern": pattern,
+                "sparse": isinstance(jet, SparseJet),
+                "terms": terms,
+                "stored": stored,
+                "dense": 3 * n * size,
+                "image": image,
+            }
+        )
+    return panels
+
+
+#: Panel titles of :func:`plot_dependence`.
+DEPENDENCE_TITLES = {
+    "r": "input r",
+    "h_pair": "pair stream h_ij",
+    "pooled": "pooled means",
+    "h_one": "one-electron h_i",
+}
+
+
+def plot_dependence(
+    panels: Sequence[Mapping[str, Any]], axes: Sequence[Axes] | None = None
+) -> Sequence[Axes]:
+    """One panel per intermediate of :func:`dependence_patterns`: rows (an electron
+    ``i`` or a pair ``i,j``) against the electron ``p`` a derivative is taken by;
+    dark blue where a particle term stores it, orange where a dense Jacobian does,
+    light grey the zeros a dense ``(3n, ...)`` Jacobian would store there. The
+    title gives the shape and the numbers stored against the dense Jacobian's."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    panels = list(panels)
+    if not panels or not all(isinstance(p, Mapping) for p in panels):
+        raise ValueError(
+            "panels must be the non-empty list dependence_patterns() returns"
+        )
+    if axes is None:
+        _, grid = plt.subplots(
+            1,
+            len(panels),
+            figsize=(2.6 * len(panels), 3.4),
+            squeeze=False,
+            gridspec_kw={"wspace": 0.45},
+        )
+        axes = list(grid[0])
+    if len(axes) != len(panels):
+        raise ValueError(f"need {len(panels)} axes (one per panel), got {len(axes)}")
+    colours = ListedColormap(["#e6e6e6", "#1f4e9c", "#e8822a"])
+    for ax, panel in zip(axes, panels):
+        image = panel["image"]
+        n = image.shape[1]
+        ax.imshow(
+            image,
+            cmap=colours,
+            vmin=ZERO_IN_DENSE,
+            vmax=DENSE_STORED,
+            aspect="auto",
+            interpolation="nearest",
+        )
+        rows = panel["rows"]
+        step = max(1, len(rows) // 6)
+        ax.set_yticks(range(0, len(rows), step), rows[::step], fontsize=7)
+        ax.set_xticks(range(n), [str(p) for p in range(n)], fontsize=7)
+        ax.set_xlabel("electron p", fontsize=8)
+        shape = "×".join(map(str, panel["shape"]))
+        kind = f"{panel['terms']} term(s)" if panel["sparse"] else "dense"
+        ax.set_title(
+            f"{DEPENDENCE_TITLES.get(panel['name'], panel['name'])} ({shape})\n"
+            f"{kind}: {panel['stored']:,} stored\n"
+            f"dense Jacobian: {panel['dense']:,}",
+            fontsize=8,
+        )
+    axes[0].set_ylabel("element row (i or i,j)", fontsize=8)
+    keys = [
+        ("a particle term stores it", colours(SPARSE_STORED)),
+        ("the dense Jacobian stores it", colours(DENSE_STORED)),
+        ("zero, stored by a dense Jacobian only", colours(ZERO_IN_DENSE)),
+    ]
+    axes[0].figure.legend(
+        handles=[Patch(color=c, label=label) for label, c in keys],
+        loc="lower center",
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+        bbox_to_anchor=(0.5, -0.12),
     )
     return axes
