@@ -48,7 +48,7 @@ from tools import api
 
 #: Objects documented by another change (their module is edited there):
 #: ``SolverInfo`` (a NamedTuple) needs a ``#:`` comment above each of its fields.
-PENDING = frozenset({"beyondgrad.implicit.SolverInfo"})
+PENDING: frozenset[str] = frozenset()
 
 _ENTRY = re.compile(r"(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:")
 

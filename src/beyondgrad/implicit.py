@@ -75,14 +75,15 @@ Adjoint: TypeAlias = Literal["implicit", "unrolled"]
 class SolverInfo(NamedTuple):
     """Diagnostics of one solve (a pytree, so it works under ``jit``/``vmap``).
 
-    ``iterations``: solver steps taken (int32); ``residual``: the 2-norm of ``F`` at
-    the returned point, over all leaves; ``converged``: ``residual <= tol`` (bool). A
-    solve stopped by ``max_iter`` reports ``False``; with ``throw=True`` it raises
-    :class:`SolverError` instead.
+    A solve stopped by ``max_iter`` reports ``converged`` ``False``; with
+    ``throw=True`` it raises :class:`SolverError` instead.
     """
 
+    #: Solver steps taken (int32).
     iterations: jax.Array
+    #: The 2-norm of ``F`` at the returned point, over all leaves.
     residual: jax.Array
+    #: Whether ``residual <= tol`` (bool).
     converged: jax.Array
 
 
