@@ -603,14 +603,20 @@ def print_bounds(bounds: list[dict]) -> None:
 # --------------------------------------------------------------------------- reporting
 
 
+def _err_and_temp(row: dict) -> tuple[str, str]:
+    """A row's relative error and temporary MiB as table cells (blank / n/a if unknown)."""
+    err = "" if row["rel_err"] is None else f"{row['rel_err']:.1e}"
+    temp = "n/a" if row["temp_bytes"] is None else f"{row['temp_bytes'] / 2**20:.2f}"
+    return err, temp
+
+
 def print_table(rows: list[dict]) -> None:
     print(
         f"{'family':<11} {'n':>3} {'method':<28} {'min ms':>9} {'median ms':>10} {'/log|ψ|':>8} "
         f"{'/folx-best':>10} {'temp MiB':>9} {'rel err':>9}"
     )
     for r in rows:
-        err = "" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
-        temp = "n/a" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.2f}"
+        err, temp = _err_and_temp(r)
         print(
             f"{r['family']:<11} {r['n']:>3} {r['method']:<28} {r['min_ms']:>9.3f} {r['median_ms']:>10.3f} "
             f"{r['ratio_log_psi']:>8.2f} {r['ratio_folx_best']:>10.3f} {temp:>9} {err:>9}"
@@ -931,8 +937,7 @@ def print_all_electron(rows: list[dict], checks: list[dict]) -> None:
         f"{'/folx-best':>10} {'compile s':>9} {'temp MiB':>9} {'rel err':>9}"
     )
     for r in rows:
-        err = "" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
-        temp = "n/a" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.2f}"
+        err, temp = _err_and_temp(r)
         print(
             f"{r['family']:<10} {r['n']:>3} {r['method']:<30} {r['min_ms']:>9.3f} "
             f"{r['median_ms']:>10.3f} {r['ratio_folx_best']:>10.3f} "
