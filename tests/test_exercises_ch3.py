@@ -645,11 +645,14 @@ def test_sqrtm_first_message_names_the_mistake(answer, quote):
     ],
 )
 def test_tolerance_fix_first_message_names_the_mistake(answer, quote):
-    with jax.enable_x64(True):
-        fb = ch3.check_tolerance_fix(answer)
-    assert quote in first(fb), str(fb)
-    if "tolerance (required" not in quote:
-        assert "SolverInfo, and stop" not in str(fb), str(fb)
+    # Fixed draws: on a rare fresh draw of b (tanh saturated) the starter's 20-term
+    # series is off by only ~2e-11 and reads as a tolerance error (seen once in CI).
+    for seed in (0, 1, 2):
+        with jax.enable_x64(True):
+            fb = ch3.check_tolerance_fix(answer, seed=seed)
+        assert quote in first(fb), (seed, str(fb))
+        if "tolerance (required" not in quote:
+            assert "SolverInfo, and stop" not in str(fb), (seed, str(fb))
 
 
 def test_chapter3_checkers_draw_their_cases_and_print_no_seed():
