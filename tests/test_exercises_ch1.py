@@ -292,7 +292,7 @@ def test_quiz_is_drawn_and_covers_every_kind():
     assert len(signatures) == 5  # a new draw each time
     for seed in range(10):
         calls = ch1.retrace_quiz(seed)
-        assert len(calls) == 12
+        assert len(calls) == 13
         kinds = {c.signature().split(" ")[0].strip("(") for c in calls}
         assert kinds == {"jax.Array", "np.ndarray", "Python"}, kinds
         assert all(isinstance(c.kwargs["n"], int) for c in calls)

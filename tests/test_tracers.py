@@ -172,27 +172,37 @@ RECEIVES_JIT_GRAD = (
     "under jit(grad): f receives a LinearizeTracer with aval float32[3]\n"
     "  which wraps: DynamicJaxprTracer float32[3]\n"
     "no concrete value is reachable: only shape and dtype are known\n"
-    "  bool(x > 0)    raises TracerBoolConversionError\n"
-    "  int(x)         raises ConcretizationTypeError\n"
-    "  range(x)       raises TracerIntegerConversionError\n"
-    "  float(x)       raises ConcretizationTypeError\n"
-    "  np.asarray(x)  raises TracerArrayConversionError"
+    "conversions, with s = jnp.sum(x):\n"
+    "  bool(s > 0)            raises TracerBoolConversionError\n"
+    "  int(s)                 raises ConcretizationTypeError\n"
+    "  range(s.astype(int32)) raises TracerIntegerConversionError\n"
+    "  float(s)               raises ConcretizationTypeError\n"
+    "  np.asarray(x)          raises TracerArrayConversionError"
 )
 RECEIVES_GRAD = (
     "under grad: f receives a LinearizeTracer with aval float32[3]\n"
     "  which wraps: ArrayImpl float32[3]\n"
     "a concrete value is reachable: [0.0, 1.0, 2.0]\n"
-    "  bool(x > 0)    works\n"
-    "  int(x)         works\n"
-    "  range(x)       works\n"
-    "  float(x)       raises ConcretizationTypeError\n"
-    "  np.asarray(x)  raises TracerArrayConversionError"
+    "conversions, with s = jnp.sum(x):\n"
+    "  bool(s > 0)            works\n"
+    "  int(s)                 works\n"
+    "  range(s.astype(int32)) works\n"
+    "  float(s)               raises ConcretizationTypeError\n"
+    "  np.asarray(x)          raises TracerArrayConversionError"
+)
+RECEIVES_VMAP = (
+    "under vmap: f receives a BatchTracer with aval float32[3]\n"
+    "  which wraps: ArrayImpl float32[2,3]\n"
+    "no single concrete value: the array inside (float32[2,3])\n"
+    "  is the whole batch, not the one float32[3] f computes with\n"
 )
 
 
 def test_receives_is_pinned():
     assert fig1.receives("jit(grad)") == RECEIVES_JIT_GRAD
     assert fig1.receives("grad") == RECEIVES_GRAD
+    assert fig1.receives("vmap").startswith(RECEIVES_VMAP)
+    assert "only shape and dtype" in fig1.receives("jit(vmap)")
 
 
 # --- the jax.errors family ---------------------------------------------------------------

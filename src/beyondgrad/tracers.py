@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import operator
 import re
 import textwrap
 import traceback
@@ -293,21 +292,23 @@ def tracer_layers(x: PyTree) -> tuple[Layer, ...]:
     return tuple(layers)
 
 
-#: Python conversions tried on the watched argument (reduced to a scalar by ``sum``).
+#: Python conversions tried on the watched argument ``x``; all but the last are tried on
+#: the scalar ``s = jnp.sum(x)``, and ``range`` on ``s`` cast to int32 (``range`` of a
+#: float raises ``TypeError`` under every transformation, eager included).
 CONVERSIONS: dict[str, Callable[[Any], object]] = {
-    "bool(x > 0)": lambda x: bool(jnp.sum(x) > 0),
-    "int(x)": lambda x: int(jnp.sum(x)),
-    "range(x)": lambda x: operator.index(jnp.sum(x).astype(jnp.int32)),
-    "float(x)": lambda x: float(jnp.sum(x)),
+    "bool(s > 0)": lambda x: bool(jnp.sum(x) > 0),
+    "int(s)": lambda x: int(jnp.sum(x)),
+    "range(s.astype(int32))": lambda x: range(jnp.sum(x).astype(jnp.int32)),
+    "float(s)": lambda x: float(jnp.sum(x)),
     "np.asarray(x)": lambda x: np.asarray(x),
 }
 
 #: Short column labels for :func:`format_table`.
 _SHORT = {
-    "bool(x > 0)": "bool",
-    "int(x)": "int",
-    "range(x)": "range",
-    "float(x)": "float",
+    "bool(s > 0)": "bool",
+    "int(s)": "int",
+    "range(s.astype(int32))": "range",
+    "float(s)": "float",
     "np.asarray(x)": "np",
 }
 

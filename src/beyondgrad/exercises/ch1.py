@@ -340,6 +340,8 @@ def retrace_quiz(seed: int | None = None) -> list[Call]:
         lambda: call(jnp.float32(round(rng.uniform(-3, 3), 2)), n=n0),
         lambda: call(round(float(rng.uniform(-3, 3)), 2), n=n0),
         lambda: call(int(rng.integers(1, 9)), n=n0),
+        # a 0-d int32 array: not weakly typed, unlike the Python int above
+        lambda: call(jnp.int32(rng.integers(1, 9)), n=n0),
     ]
     order = [*rng.permutation(len(kinds)), *rng.integers(0, len(kinds), 2)]
     return [kinds[0](), *(kinds[int(k)]() for k in order)]
@@ -438,9 +440,10 @@ def _check_predict_retraces(answer: Callable, seed: int | None) -> Feedback:
 # Exercise 1.3
 # --------------------------------------------------------------------------------------
 
-#: Points of exercise 1.3 (b) next to 0, inside the NaN interval of part (a) on both
-#: sides: right of 0 the NaN is in the *selected* branch (``exp(-1/x) = 0`` times an
-#: infinite ``x**-2``), so a ``where`` on the other branch alone does not remove it.
+#: Points of exercise 1.3 (b) next to 0: all but ``1e-10`` are inside the NaN interval
+#: of part (a) (``1e-10`` is just right of it, where ``grad(bump)`` is 0); right of 0
+#: the NaN is in the *selected* branch (``exp(-1/x) = 0`` times an infinite
+#: ``x**-2``), so a ``where`` on the other branch alone does not remove it.
 BUMP_TINY: tuple[float, ...] = (-1e-30, 1e-30, 1e-20, 1e-10)
 #: Grid of exercise 1.3 (float32): every 0.01 on [-0.5, 0.5], so a ``where`` threshold
 #: off by 0.02 or more moves the value at some point; points out to ±2; and

@@ -46,10 +46,17 @@ def receives(transformation: str, x: jax.Array | np.ndarray | None = None) -> st
         lines.append("  " * depth + f"which wraps: {layer}")
     if obs.concrete:
         lines.append(f"a concrete value is reachable: {np.asarray(x).tolist()}")
+    elif obs.layers and not obs.layers[-1].type_name.endswith("Tracer"):
+        # a concrete array inside, of another shape: vmap's whole batch
+        lines.append(
+            f"no single concrete value: the array inside ({obs.layers[-1].aval})\n"
+            f"  is the whole batch, not the one {obs.aval} f computes with"
+        )
     else:
         lines.append("no concrete value is reachable: only shape and dtype are known")
+    lines.append("conversions, with s = jnp.sum(x):")
     for label, err in obs.conversions.items():
-        lines.append(f"  {label:<14} {'works' if err is None else 'raises ' + err}")
+        lines.append(f"  {label:<22} {'works' if err is None else 'raises ' + err}")
     if obs.error:
         lines.append(f"the call raised {obs.error}: {obs.message}")
     return "\n".join(lines)
