@@ -150,7 +150,7 @@ def test_dot_product_test_catches_wrong_transpose_and_complex_maps():
         )
         > 0.01
     )
-    # complex: JAX's transpose is the plain transpose (bilinear pairing), not the adjoint
+    # complex: JAX's transpose is the plain transpose (no conjugate), not the adjoint
     c = (a + 1j * jax.random.normal(jax.random.key(9), (4, 3))).astype(jnp.complex64)
     z3, z4 = jnp.zeros(3, jnp.complex64), jnp.zeros(4, jnp.complex64)
     assert (
@@ -163,6 +163,109 @@ def test_dot_product_test_catches_wrong_transpose_and_complex_maps():
         )
         < 1e-5
     )
+
+
+def _real_matrix(fn, n_in, in_complex):
+    """The float64 matrix of a real-linear map on (re, im) coordinates, column by
+    column: the coordinates of fn(e_j) and fn(1j e_j) (no JAX transpose involved)."""
+    cols = []
+    for scale in (1.0, 1j) if in_complex else (1.0,):
+        for j in range(n_in):
+            e = np.zeros(n_in, np.complex128 if in_complex else np.float64)
+            e[j] = scale
+            dt = jnp.complex64 if in_complex else jnp.float32
+            y = np.asarray(fn(jnp.asarray(e, dt)), np.complex128)
+            cols.append(np.concatenate([y.real, y.imag]))
+    return np.stack(cols, axis=1)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["conj", "real", "real input times 1+2j", "rfft", "complex-linear"],
+)
+def test_dot_product_test_pairs_real_parts_for_real_linear_maps(name):
+    xr, xc = jnp.zeros(8, jnp.float32), jnp.zeros(8, jnp.complex64)
+    fn, x = {
+        "conj": (jnp.conj, xc),
+        "real": (jnp.real, xc),
+        "real input times 1+2j": (lambda z: z * (1 + 2j), xr),
+        "rfft": (jnp.fft.rfft, xr),
+        "complex-linear": (lambda z: (1 + 2j) * z, xc),
+    }[name]
+    out = fn(x)
+    t = jax.linear_transpose(fn, x)
+    # independent reference: with <a, b> = Re sum(a b) = a_re.b_re - a_im.b_im, the
+    # transpose in (re, im) coordinates is S M^T S, S = diag(1, -1), M the real matrix
+    m = _real_matrix(fn, 8, jnp.iscomplexobj(x))
+    v = np.asarray(jax.random.normal(jax.random.key(3), out.shape, out.dtype))
+    sign_out = np.concatenate([np.ones(out.size), -np.ones(out.size)])
+    v_coords = np.concatenate([v.real, v.imag]) * sign_out
+    w = m.T @ v_coords
+    if jnp.iscomplexobj(x):
+        w = w[:8] - 1j * w[8:]
+    np.testing.assert_allclose(
+        np.asarray(t(jnp.asarray(v))[0], np.complex128), w, rtol=1e-5, atol=1e-5
+    )
+    for seed in range(3):
+        key = jax.random.key(seed)
+        assert linear.dot_product_test(fn, t, x, out, key) < 1e-6
+    # a transpose off by a factor 1j (right modulus, wrong phase) is caught
+    wrong = lambda w: 1j * t(w)[0]  # noqa: E731
+    if jnp.iscomplexobj(x):
+        assert linear.dot_product_test(fn, wrong, x, out, key) > 0.01
+
+
+def test_dot_product_test_refuses_the_hermitian_adjoint():
+    a = (jnp.arange(1.0, 5.0) + 1j * jnp.array([1.0, -2.0, 0.5, 3.0])).astype(
+        jnp.complex64
+    )
+    z = jnp.zeros(4, jnp.complex64)
+    for seed in range(5):
+        key = jax.random.key(seed)
+        assert (
+            linear.dot_product_test(lambda u: a * u, lambda v: a * v, z, z, key) < 1e-6
+        )
+        assert (
+            linear.dot_product_test(
+                lambda u: a * u, lambda v: jnp.conj(a) * v, z, z, key
+            )
+            > 0.01
+        )
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_low_precision_linear_maps_are_accepted_and_affine_ones_refused(dtype):
+    x = jnp.zeros(256, dtype)
+    f = lambda u: jnp.cumsum(u) / 16  # noqa: E731
+    t = jax.linear_transpose(f, x)
+    eps = float(jnp.finfo(dtype).eps)
+    keys = [jax.random.key(seed) for seed in range(3)]
+    right = max(linear.dot_product_test(f, t, x, x, k) for k in keys)
+    # the chapter's wrong transpose (cumsum from the start) stands out of rounding
+    wrong_t = lambda v: jnp.cumsum(v) / 16  # noqa: E731
+    wrong = max(linear.dot_product_test(f, wrong_t, x, x, k) for k in keys)
+    assert right < eps / 2 and wrong > 4 * eps
+    dense = np.asarray(linear.materialize(f, x), np.float64)
+    reference = np.tril(np.ones((256, 256))) / 16  # the closed form
+    np.testing.assert_allclose(dense, reference, rtol=eps, atol=0)
+    with pytest.raises(ValueError, match="not linear"):
+        linear.dot_product_test(lambda u: u + 1.0, lambda v: v, x, x, _key())
+    with pytest.raises(ValueError, match="not linear"):
+        linear.materialize(lambda u: u + 1.0, x)
+
+
+def test_materialize_refuses_maps_that_are_not_complex_linear():
+    x = jnp.array([1 + 2j, 0.5j, -1.0], jnp.complex64)
+    for fn in (jnp.conj, jnp.real, jax.linearize(lambda z: z * jnp.conj(z), x)[1]):
+        with pytest.raises(ValueError, match="not complex-linear"):
+            linear.materialize(fn, x)
+    with pytest.raises(ValueError, match="is not linear"):
+        linear.materialize(lambda z: z + 1.0, x)
+    a = jnp.array([1 + 2j, 3.0, -1j], jnp.complex64)
+    np.testing.assert_allclose(linear.materialize(lambda z: a * z, x), np.diag(a))
+    # the recipe the message gives: real and imaginary parts as real arguments
+    dense = linear.materialize(lambda p: jnp.conj(p[0] + 1j * p[1]), (x.real, x.imag))
+    np.testing.assert_allclose(dense, np.hstack([np.eye(3), -1j * np.eye(3)]))
 
 
 # ------------------------------------------------------------------------- materialize

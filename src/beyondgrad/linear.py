@@ -12,9 +12,12 @@ save for the backward pass (:func:`saved_residuals`). The chapter's exercise che
 
 Pytrees are welcome everywhere: a pytree of arrays is treated as the vector obtained by
 concatenating its raveled leaves (``jax.flatten_util.ravel_pytree`` order), and the
-pairing ``<a, b>`` is ``sum_leaves sum(a * b)`` (bilinear, no complex conjugate,
-which is the convention ``jax.linear_transpose`` follows). ``PyTree`` in the signatures
-means such a pytree of arrays.
+pairing ``<a, b>`` is ``Re sum_leaves sum(a * b)`` (the real part of the bilinear sum,
+no complex conjugate). That is the identity ``jax.linear_transpose`` satisfies for every
+linear map it transposes, including maps that are linear over the reals only
+(``conj``, ``real``, a real input times a complex number). For a complex-linear map the
+full complex identity holds as well; for the others only the real part does.
+``PyTree`` in the signatures means such a pytree of arrays.
 """
 
 from __future__ import annotations
@@ -147,10 +150,36 @@ def _as64(x: Any) -> np.ndarray:
     return a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
 
 
-def _pairing(a: Any, b: Any) -> complex:
-    """``<a, b> = sum over leaves of sum(a * b)``, accumulated in float64/complex128."""
+def _pairing(a: Any, b: Any) -> float:
+    """``<a, b> = Re sum over leaves of sum(a * b)``, accumulated in float64.
+
+    The real part of the bilinear sum (no conjugate): ``jax.linear_transpose`` satisfies
+    ``<A u, v> = <u, A^T v>`` with it for real-linear maps too (``conj``, ``real``),
+    where the imaginary parts of the bilinear sums differ.
+    """
     pairs = zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
-    return complex(sum(np.sum(_as64(x) * _as64(y)) for x, y in pairs))
+    return float(sum(np.sum(_as64(x) * _as64(y)).real for x, y in pairs))
+
+
+#: Rounding tolerance of the linearity checks, in units of the coarsest dtype's eps.
+_EPS_FACTOR = 16
+
+
+def _rounding_floor(*trees: Any) -> float:
+    """``_EPS_FACTOR`` times the largest ``finfo(dtype).eps`` among the float leaves."""
+    eps = [
+        float(jnp.finfo(jnp.result_type(leaf)).eps)
+        for tree in trees
+        for leaf in jax.tree_util.tree_leaves(tree)
+        if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
+    ]
+    return _EPS_FACTOR * max(eps, default=0.0)
+
+
+def _combine64(alpha: float, a: Any, beta: float, b: Any) -> list[np.ndarray]:
+    """``alpha a + beta b`` per leaf, computed in float64/complex128 (NumPy)."""
+    pairs = zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    return [alpha * _as64(x) + beta * _as64(y) for x, y in pairs]
 
 
 def _norm(a: Any) -> float:
@@ -229,10 +258,17 @@ def dot_product_test(
 
     ``u`` (shaped like ``in_example``) and ``v`` (like ``out_example``) are standard
     normal draws from ``key``. Returns
-    ``|<A u, v> - <u, A^T v>| / max(|A u| |v|, |u| |A^T v|)``, which is at rounding
-    level (about 1e-7 or below in float32) for a correct transpose and orders of
-    magnitude larger for a wrong one. The denominator is the Cauchy-Schwarz bound of
-    both sides, so the number is meaningful even when the pairing is near zero.
+    ``|<A u, v> - <u, A^T v>| / max(|A u| |v|, |u| |A^T v|)``, with the pairing
+    ``<a, b> = Re sum(a * b)`` (bilinear, no conjugate; see the module docstring). The
+    denominator is the Cauchy-Schwarz bound of both sides, so the number is meaningful
+    even when the pairing is near zero.
+
+    For a correct transpose the number is typically at rounding level (about 1e-7 in
+    float32), and for a wrong one orders of magnitude larger. Neither is guaranteed:
+    cancellation inside ``A`` (a large term added and subtracted again) raises the
+    rounding level of a correct transpose, and an error confined to a part of ``A``
+    whose scale is tiny next to the rest stays tiny in the ratio. Test such parts
+    separately.
 
     ``f_transpose`` may return a 1-tuple (as ``jax.linear_transpose`` and ``vjp`` do).
 
@@ -243,7 +279,9 @@ def dot_product_test(
         out_example: A pytree of float arrays shaped like ``A u`` (values unused).
         key: The PRNG key ``u``, ``v`` (and the linearity probe) are drawn from.
         linearity_rtol: Relative tolerance of the check ``A(2u - 3w) = 2Au - 3Aw``,
-            a float ``> 0``.
+            a float ``> 0``. The check uses the larger of it and 16 times the
+            ``finfo(dtype).eps`` of the coarsest float dtype among the examples, so a
+            linear map in float16 or bfloat16 is not refused for its rounding.
 
     Returns:
         The relative mismatch above, a Python float.
@@ -271,15 +309,17 @@ def dot_product_test(
 
     aw = f_lin(w)
     a_comb = f_lin(_combine(2.0, u, -3.0, w))
-    residual = _norm(_combine(1.0, a_comb, -1.0, _combine(2.0, au, -3.0, aw)))
+    expected = _combine64(2.0, au, -3.0, aw)
+    residual = _norm(_combine64(1.0, a_comb, -1.0, expected))
     scale = 2.0 * _norm(au) + 3.0 * _norm(aw)
     scale = max(scale, np.finfo(np.float64).tiny)
-    if residual > linearity_rtol * scale:
+    rtol = max(linearity_rtol, _rounding_floor(in_example, out_example))
+    if residual > rtol * scale:
         raise ValueError(
             "f_lin is not linear: f_lin(2u - 3w) differs from 2 f_lin(u) - 3 f_lin(w) "
-            f"by a relative {residual / scale:.2e}. The dot-product test applies to "
-            "linear maps only: pass the linearized map (jax.linearize(f, x)[1]), "
-            "not f itself."
+            f"by a relative {residual / scale:.2e} (tolerance {rtol:.1e}). The "
+            "dot-product test applies to linear maps only: pass the linearized map "
+            "(jax.linearize(f, x)[1]), not f itself."
         )
 
     lhs, rhs = _pairing(au, v), _pairing(u, atv)
@@ -304,13 +344,18 @@ def materialize(
         linear_fn: The linear map ``u -> A u``, on pytrees.
         in_example: A pytree of float arrays shaped like ``u`` (values unused).
         check: Compare the matrix with ``linear_fn`` on a random vector (skipped under
-            ``jit``/``vmap``, where values are abstract).
+            ``jit``/``vmap``, where values are abstract), to a relative tolerance of
+            the larger of 1e-3 and 16 times the coarsest dtype's ``finfo(dtype).eps``.
+            For a complex input the matrix is complex-linear: a map that is linear
+            over the reals only (``jnp.conj``, ``jnp.real``, the linearization of a
+            non-holomorphic function) has no such matrix and is refused.
 
     Returns:
         ``A``, shape ``(output size, input size)``.
 
     Raises:
-        ValueError: ``check`` found ``linear_fn`` not linear (e.g. affine).
+        ValueError: ``check`` found ``linear_fn`` not linear (e.g. affine), or, for
+            a complex input, linear over the reals but not complex-linear.
         TypeError: Non-float inputs or outputs, ``linear_fn`` not callable, or
             ``check`` not a bool.
     """
@@ -327,20 +372,39 @@ def materialize(
     basis = jnp.eye(flat_in.size, dtype=flat_in.dtype)
     matrix = jax.vmap(flat_apply)(basis).T  # vmap stacks columns as rows
     if check and not compat.is_tracer(matrix):
+        rtol = max(1e-3, _rounding_floor(flat_in, matrix))
+
+        def mismatch(u: jax.Array) -> float:
+            direct = _as64(flat_apply(u))
+            via_matrix = _as64(matrix) @ _as64(u)
+            err = float(np.linalg.norm(direct - via_matrix))
+            scale = max(
+                float(np.linalg.norm(direct)),
+                float(np.linalg.norm(via_matrix)),
+                np.finfo(np.float64).tiny,
+            )
+            return err / scale
+
         u = jax.random.normal(jax.random.key(0), flat_in.shape, flat_in.dtype)
-        direct = _as64(flat_apply(u))
-        via_matrix = _as64(matrix) @ _as64(u)
-        err = float(np.linalg.norm(direct - via_matrix))
-        scale = max(
-            float(np.linalg.norm(direct)),
-            float(np.linalg.norm(via_matrix)),
-            np.finfo(np.float64).tiny,
-        )
-        if err > 1e-3 * scale:
+        rel = mismatch(u)
+        if rel > rtol and jnp.iscomplexobj(flat_in):
+            # A real-linear map agrees with its matrix on real vectors.
+            if mismatch(u.real.astype(flat_in.dtype)) <= rtol:
+                raise ValueError(
+                    "linear_fn is linear over the reals but not complex-linear "
+                    "(as jnp.conj, jnp.real or the linearization of a "
+                    "non-holomorphic function are): applying it to a random complex "
+                    "vector differs from its complex matrix times that vector by a "
+                    f"relative {rel:.2e}. No complex matrix represents it: "
+                    "materialize it on real and imaginary parts instead, e.g. "
+                    "materialize(lambda p: linear_fn(p[0] + 1j * p[1]), "
+                    "(x.real, x.imag))."
+                )
+        if rel > rtol:
             raise ValueError(
                 "linear_fn is not linear: applying it to a random vector differs from "
                 "its materialized matrix times that vector by a relative "
-                f"{err / scale:.2e}."
+                f"{rel:.2e} (tolerance {rtol:.1e})."
                 " materialize() needs a linear map, e.g. jax.linearize(f, x)[1], not f "
                 "itself."
             )
