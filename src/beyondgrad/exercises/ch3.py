@@ -72,7 +72,7 @@ SQRTM_TOL = 1e-12
 #: the closed form at a Newton root stopped at 1e-13 by 4.1e-13: ~7x below. A solve
 #: stopped at 1e-10 is off by 1e-9..1e-8. The starter's 20-term series is off by 3e-5
 #: at b0 and, over 300 drawn b (both ends), by 1.1e-11 to 3.3e-2 (median 4.4e-5, 90 %
-#: between 2.2e-8 and 2.9e-3): above this bound on every draw.
+#: between 2.2e-8 and 2.9e-3): above this bound on all 300.
 TOLERANCE_FIX_RTOL = 3e-12
 #: Exercise 3.3: the absolute part of the tolerance (:data:`TOLERANCE_FIX_RTOL`).
 TOLERANCE_FIX_ATOL = 1e-14
