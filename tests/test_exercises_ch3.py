@@ -299,6 +299,25 @@ def _grad_closed_form(b):  # any method is accepted: the closed form itself, via
     return d * jnp.linalg.solve((jnp.eye(8) - d[:, None] * p["W"]).T, jnp.ones(8))
 
 
+def _b_as_x0(b):  # the slip: b passed as x0, the parameters left as they are
+    p = ch3.exercise3_params()
+    loss = lambda b: jnp.sum(  # noqa: E731
+        implicit.fixed_point(problems.deq_layer, b, p, tol=1e-13)[0]
+    )
+    return jax.grad(loss)(b)
+
+
+def _b_left_out(b):  # the slip: the parameters' own b, the argument unused
+    p = ch3.exercise3_params()
+    loss = lambda b: (
+        jnp.sum(  # noqa: E731
+            implicit.fixed_point(problems.deq_layer, jnp.zeros_like(b), p, tol=1e-13)[0]
+        )
+        + 0.0 * jnp.sum(b)
+    )
+    return jax.grad(loss)(b)
+
+
 @pytest.mark.parametrize(
     "answer", [_grad_at(1e-13), _grad_closed_form], ids=["tight-tol", "closed-form"]
 )
@@ -630,6 +649,8 @@ def test_sqrtm_first_message_names_the_mistake(answer, quote):
             "your result is float32",
         ),
         (lambda b: _grad_closed_form(b) + jnp.sin(b), "the solve is not the cause"),
+        (_b_as_x0, "your gradient is zero: b does not reach"),
+        (_b_left_out, "your gradient is zero: b does not reach"),
     ],
     ids=[
         "starter",
@@ -642,6 +663,8 @@ def test_sqrtm_first_message_names_the_mistake(answer, quote):
         "b0-written-in",
         "float32",
         "wrong-formula",
+        "b-as-x0",
+        "b-left-out",
     ],
 )
 def test_tolerance_fix_first_message_names_the_mistake(answer, quote):

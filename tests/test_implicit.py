@@ -162,6 +162,44 @@ def test_anderson_matches_fixed_point_and_closed_form(deq):
     )
 
 
+def _dottie_float64() -> float:
+    """The root of cos(x) = x, by bisection in Python floats (independent of JAX)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if np.cos(mid) > mid else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_anderson_parallel_residuals_stay_finite(dtype):
+    # A scalar x (or a map whose residuals stay parallel) makes the weights' matrix
+    # singular after two steps; a ridge of 1e-10 vanishes in float32 rounding and
+    # the solve returned nan. References: the bisected root of cos x = x, and
+    # x* = 2t, dx*/dt = 2 for x <- x/2 + t.
+    with jax.enable_x64(dtype == "float64"):
+        rtol = 1e-6 if dtype == "float32" else 1e-12
+        tol = 1e-6 if dtype == "float32" else 1e-13
+        one = jnp.ones((), dtype)
+        x, info = _anderson(lambda x, t: jnp.cos(x) * t, 0 * one, one, tol=tol)
+        assert bool(info.converged) and int(info.iterations) < 20
+        np.testing.assert_allclose(float(x), _dottie_float64(), rtol=rtol)
+        half = lambda x, t: 0.5 * x + t  # noqa: E731
+        for adjoint in ("implicit", "unrolled"):
+            for memory in (2, 3, 5):
+                kw = dict(memory=memory, adjoint=adjoint)
+                x, info = _anderson(half, jnp.zeros(3, dtype), one, tol=tol, **kw)
+                assert bool(info.converged), (adjoint, memory)
+                np.testing.assert_allclose(x, 2.0, rtol=rtol)
+                # tol=0: 40 steps, most of them past an exact root (zero residuals)
+                solve = functools.partial(
+                    _anderson, half, jnp.zeros(3, dtype), tol=0.0, max_iter=40, **kw
+                )
+                solve = lambda t, solve=solve: solve(t)[0]  # noqa: E731
+                np.testing.assert_allclose(solve(one), 2.0, rtol=rtol)
+                np.testing.assert_allclose(jax.jacfwd(solve)(one), 2.0, rtol=rtol)
+
+
 def test_vmap_over_params_matches_loop(deq):
     z0 = jnp.zeros(8)
     bs = jnp.stack([deq["b"], -deq["b"], 2 * deq["b"]])

@@ -481,9 +481,13 @@ def _anderson_method(F: LinearMap, options: dict[str, Any]) -> _Method:
 
     With residuals ``r_i = f(x_i) - x_i`` it picks weights ``α`` minimising
     ``||Σ α_i r_i||`` subject to ``Σ α_i = 1`` (a regularised solve of size ``memory``)
-    and steps to ``x <- Σ α_i f(x_i)``.
+    and steps to ``x <- Σ α_i f(x_i)``. The weights solve ``(H + λ I) α = 1`` (then
+    scaled to sum to 1) with ``H = R Rᵀ / max_i ||r_i||²``; ``λ`` is
+    ``regularization``, raised to ``10 ε`` of the dtype: ``H`` is singular when
+    residuals are parallel (a scalar ``x`` after two steps), and a smaller ridge
+    vanishes in rounding (``1e-10`` is below float32's ``ε``), leaving a nan.
     """
-    m, regularization = options["memory"], options["regularization"]
+    m = options["memory"]
     unravel_box: list[Callable[[jax.Array], PyTree]] = []
 
     def fmap(v: jax.Array) -> jax.Array:  # f(x) = x + F(x), on the flat vector
@@ -498,14 +502,19 @@ def _anderson_method(F: LinearMap, options: dict[str, Any]) -> _Method:
 
     def step(state: tuple[jax.Array, jax.Array, jax.Array]) -> Any:
         xs, gs, k = state
+        ridge = max(
+            float(options["regularization"]), 10 * float(jnp.finfo(xs.dtype).eps)
+        )
         valid = jnp.arange(m) < jnp.minimum(k, m)
         r = jnp.where(valid[:, None], gs - xs, 0.0)
+        # divide first, so that r @ r.T neither overflows nor underflows
+        big = jnp.max(jnp.abs(r))
+        r = r / jnp.where(big > 0, big, 1.0)
         h = r @ r.T
-        scale = jnp.max(jnp.diagonal(h)) + jnp.finfo(xs.dtype).tiny
+        scale = jnp.max(jnp.diagonal(h))
+        h = h / jnp.where(scale > 0, scale, 1.0)  # largest diagonal entry 1 (or all 0)
         both = valid[:, None] & valid[None, :]
-        h = jnp.where(both, h, 0.0) + jnp.diag(
-            jnp.where(valid, regularization * scale, 1.0)
-        )
+        h = jnp.where(both, h, 0.0) + jnp.diag(jnp.where(valid, ridge, 1.0))
         alpha = jnp.linalg.solve(h, valid.astype(xs.dtype))
         x_new = (alpha / jnp.sum(alpha)) @ gs
         slot = k % m
@@ -765,7 +774,8 @@ def fixed_point(
             ``"gmres"``, ``"cg"`` or a function ``(g, y) -> x`` solving ``g(x) = y``.
         memory: ``solver="anderson"`` only: iterates kept (an int ``>= 2``; 5).
         regularization: ``solver="anderson"`` only: ridge added to the
-            least-squares solve for the weights, relative to its scale (``1e-10``).
+            least-squares solve for the weights, relative to its scale (``1e-10``;
+            at least ``10 ε`` of ``x0``'s dtype, so float32 gets ``1.2e-6``).
 
     Returns:
         ``(x_star, info)``: the fixed point (structured like ``x0``) and a
