@@ -281,7 +281,9 @@ def dot_product_test(
         linearity_rtol: Relative tolerance of the check ``A(2u - 3w) = 2Au - 3Aw``,
             a float ``> 0``. The check uses the larger of it and 16 times the
             ``finfo(dtype).eps`` of the coarsest float dtype among the examples, so a
-            linear map in float16 or bfloat16 is not refused for its rounding.
+            linear map in float16 or bfloat16 is not refused for its rounding. The
+            floor weakens the check too: in bfloat16 (16 eps = 0.125) an affine map
+            whose offset is small against ``A u`` passes it.
 
     Returns:
         The relative mismatch above, a Python float.
