@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from beyondgrad import compat, linear
 from beyondgrad import exercises as ex
-from beyondgrad import linear
 from beyondgrad.linear import PyTree
 
 __all__ = [
@@ -66,7 +66,18 @@ def _weights_np() -> np.ndarray:
     return np.linspace(1.0, 2.0, EXERCISE_MAP_SIZE, dtype=np.float32)
 
 
+#: True while a student's transpose runs: the map raises then (exercise 2.1 asks for
+#: its transpose without calling it, so not as a matrix built from its values).
+_MAP_LOCKED = [False]
+_MAP_LOCKED_MESSAGE = (
+    "your transpose called ex2.exercise_linear_map: write the transpose from the "
+    "map's formula, without calling the map (not from its values on basis vectors)"
+)
+
+
 def _map_on_host(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    if _MAP_LOCKED[0]:
+        raise RuntimeError(_MAP_LOCKED_MESSAGE)
     x = np.asarray(x, np.float32)
     return (np.cumsum(x) - np.roll(x, 1) + np.float32(s) * _weights_np()).astype(
         np.float32
@@ -88,6 +99,8 @@ def exercise_linear_map(p: Mapping[str, jax.Array]) -> jax.Array:
     ``jax.pure_callback``, so ``jax.linear_transpose`` and ``jax.vjp`` raise
     ``ValueError`` on it: its transpose has to be written by hand.
     """
+    if _MAP_LOCKED[0]:
+        raise RuntimeError(_MAP_LOCKED_MESSAGE)
     if not isinstance(p, Mapping) or set(p) != {"x", "s"}:
         raise TypeError("exercise_linear_map takes a dict {'x': f32[6], 's': f32[]}")
     x, s = jnp.asarray(p["x"], jnp.float32), jnp.asarray(p["s"], jnp.float32)
@@ -326,14 +339,31 @@ def _dot_test_problems(
             return [error], False
         assert wrong is not None
         if not wrong > DOT_TEST_WRONG_MIN:
-            leaf = "'s'" if "'s'" in slip else "'x'"
-            return [
+            seen = (
                 f"your dot test gives at most {wrong:.3g} for a wrong transpose "
-                f"({slip}) at {DOT_TEST_DRAWS} drawn x and y, so it would pass it: "
-                f"it must exceed {DOT_TEST_WRONG_MIN:g}; does <x, f_transpose(y)> include the "
-                f"{leaf} leaf (every leaf of x, each paired with its part)?"
+                f"({slip}) at {DOT_TEST_DRAWS} drawn x and y, so it would pass it"
+            )
+            if wrong <= 10 * value:  # no larger than for the right transpose
+                return [
+                    f"{seen}: that is as small as for the right transpose, so it "
+                    "cannot tell them apart; return |<f(x), y> - <x, f_transpose(y)>|, "
+                    "with f_transpose(y) from the f_transpose it is given"
+                ], False
+            return [
+                f"{seen}: it must exceed {DOT_TEST_WRONG_MIN:g}; a relative test "
+                "divides by the size of the two pairings, not by a larger scale"
             ], False
     return [], False
+
+
+@contextlib.contextmanager
+def _map_locked() -> Any:
+    """:func:`exercise_linear_map` raises inside the block."""
+    _MAP_LOCKED[0] = True
+    try:
+        yield
+    finally:
+        _MAP_LOCKED[0] = False
 
 
 @contextlib.contextmanager
@@ -386,10 +416,13 @@ def check_transpose(
     rng = ex.case_rng(seed)
     for k in range(3):
         v = jnp.asarray(rng.normal(size=EXERCISE_MAP_SIZE), jnp.float32)
-        with _banned_jax_derivatives(
-            TRANSPOSE_BANNED,
-            "write the transpose by hand, in jnp, and check it with the dot-product "
-            "test (linear.dot_product_test)",
+        with (
+            _banned_jax_derivatives(
+                TRANSPOSE_BANNED,
+                "write the transpose by hand, in jnp, and check it with the dot-product "
+                "test (linear.dot_product_test)",
+            ),
+            _map_locked(),
         ):
             got = ex.call_answer(answer, v, what="your transpose")
         early = ex.early_verdict(name, got, strict=strict)
@@ -504,8 +537,14 @@ TRANSPOSE_BANNED = (*JACREV_BANNED, "linearize", "linear_transpose")
 
 
 @contextlib.contextmanager
-def _banned_jax_derivatives(names: Sequence[str], advice: str) -> Any:
-    """``jax.<name>`` for each of ``names`` raises (with ``advice``) inside the block."""
+def _banned_jax_derivatives(
+    names: Sequence[str], advice: str, *, keep_linear_transpose: bool = False
+) -> Any:
+    """``jax.<name>`` for each of ``names`` raises (with ``advice``) inside the block,
+    and so does JAX's derivative machinery however it is reached
+    (:func:`beyondgrad.compat.derivatives_disabled`: a name imported before, a
+    transpose built before); with ``keep_linear_transpose``, ``jax.linearize`` and
+    ``jax.linear_transpose`` still run."""
 
     def banned(name: str) -> Callable[..., Any]:
         def stub(*args: Any, **kwargs: Any) -> Any:
@@ -513,11 +552,17 @@ def _banned_jax_derivatives(names: Sequence[str], advice: str) -> Any:
 
         return stub
 
+    def reached(route: str) -> RuntimeError:
+        return RuntimeError(f"your answer reached {route}: {advice}")
+
     saved = {name: getattr(jax, name) for name in names}
     try:
         for name in names:
             setattr(jax, name, banned(name))
-        yield
+        with compat.derivatives_disabled(
+            reached, keep_linear_transpose=keep_linear_transpose
+        ):
+            yield
     finally:
         for name, fn in saved.items():
             setattr(jax, name, fn)
@@ -573,6 +618,7 @@ def check_rebuilt_jacrev(
                 JACREV_BANNED,
                 "build the Jacobian from jax.linearize and jax.linear_transpose (one "
                 "transpose per output entry)",
+                keep_linear_transpose=True,
             ):
                 got = _call_jitted(answer, f, params)
             if ex.is_stub(got):
