@@ -304,7 +304,10 @@ def vjp_backward() -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def derivatives_disabled(
-    error: Callable[[str], BaseException], *, keep_linear_transpose: bool = False
+    error: Callable[[str], BaseException],
+    *,
+    keep_linear_transpose: bool = False,
+    clear_caches: bool = True,
 ) -> Iterator[None]:
     """Inside the block, JAX's own derivative machinery raises ``error(route)``.
 
@@ -322,9 +325,11 @@ def derivatives_disabled(
     With ``keep_linear_transpose=True``, ``jax.linearize`` and ``jax.linear_transpose``
     run (a transposition reached through ``ad.backward_pass``), and so does forward
     mode while one of them runs (JAX's own JVP rules call ``jax.jvp``: ``prod``'s
-    does); the rest raises. Staging caches are cleared on entry, so a function jitted
-    before the block is traced again inside it (its compiled program would run no
-    Python). ``route`` names what was reached.
+    does); the rest raises. With ``clear_caches`` (the default), JAX's caches are
+    cleared on entry, so a function jitted before the block is traced again inside it
+    (its compiled program would run no Python); a caller that enters the block several
+    times in one check clears them on the first entry only (each clearing costs a
+    recompilation of everything after it). ``route`` names what was reached.
     """
     from jax._src import api
     from jax._src.interpreters import ad
@@ -360,7 +365,8 @@ def derivatives_disabled(
     def linearize(*args: Any, **kwargs: Any) -> Any:
         raise error("JAX's linearization (jax.linearize, jax.vjp)")
 
-    jax.clear_caches()
+    if clear_caches:
+        jax.clear_caches()
     ad.backward_pass3, api._jvp = transpose, jvp
     if keep_linear_transpose:
         ad.backward_pass = counted(saved_pass, "pass")

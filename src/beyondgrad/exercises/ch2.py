@@ -6,8 +6,9 @@
   student must write it.
 * Exercise 2.2: :func:`check_rebuilt_jacrev` — the Jacobian of a pytree-valued
   function with vector and matrix outputs, at drawn sizes, built without ``jax.jacrev``,
-  ``jacfwd``, ``jacobian``, ``hessian``, ``grad``, ``value_and_grad`` or ``vjp``
-  (those raise while the answer runs).
+  ``jacfwd``, ``jacobian``, ``hessian``, ``grad``, ``value_and_grad``, ``vjp``'s
+  backward function or ``jvp`` (those raise while the answer runs, also under a name
+  imported before; ``jax.linearize`` and ``jax.linear_transpose`` run).
 * Exercise 2.3: :func:`check_jacobian_strategy` — ``"jacfwd"`` or ``"jacrev"`` for
   each case of :func:`strategy_cases`, graded on the cost model (passes = input size for
   ``jacfwd``, output size for ``jacrev``), never on a clock.
@@ -401,8 +402,12 @@ def check_transpose(
     vectors, must be below ``DOT_PRODUCT_TOL``. A wrong transpose gets first a line
     naming the wrong part and the usual slip (cumsum kept, the shift not reversed, a
     sign, s dropped or unweighted, a factor), never the answer. While the answer runs,
-    the names in :data:`TRANSPOSE_BANNED` raise: re-typing the map in ``jnp`` and
-    transposing it with JAX is not the exercise.
+    the names in :data:`TRANSPOSE_BANNED` raise, and so do JAX's transposition,
+    linearization and forward mode however they are reached
+    (:func:`beyondgrad.compat.derivatives_disabled`), and :func:`exercise_linear_map`:
+    re-typing the map in ``jnp`` and transposing it with JAX, or transposing a matrix
+    made from the map's values, is not the exercise. A matrix made by applying a ``jnp``
+    copy of the map to basis vectors is not detected.
 
     Then the student's ``dot_test`` (required for a pass; ``linear.dot_product_test``
     raises while it runs) must return at most :data:`DOT_TEST_RIGHT_MAX` for the map
@@ -421,6 +426,7 @@ def check_transpose(
                 TRANSPOSE_BANNED,
                 "write the transpose by hand, in jnp, and check it with the dot-product "
                 "test (linear.dot_product_test)",
+                clear_caches=k == 0,  # a failure at v0 ends the check
             ),
             _map_locked(),
         ):
@@ -538,13 +544,18 @@ TRANSPOSE_BANNED = (*JACREV_BANNED, "linearize", "linear_transpose")
 
 @contextlib.contextmanager
 def _banned_jax_derivatives(
-    names: Sequence[str], advice: str, *, keep_linear_transpose: bool = False
+    names: Sequence[str],
+    advice: str,
+    *,
+    keep_linear_transpose: bool = False,
+    clear_caches: bool = True,
 ) -> Any:
     """``jax.<name>`` for each of ``names`` raises (with ``advice``) inside the block,
     and so does JAX's derivative machinery however it is reached
     (:func:`beyondgrad.compat.derivatives_disabled`: a name imported before, a
     transpose built before); with ``keep_linear_transpose``, ``jax.linearize`` and
-    ``jax.linear_transpose`` still run."""
+    ``jax.linear_transpose`` still run. ``clear_caches``: as in
+    :func:`beyondgrad.compat.derivatives_disabled`."""
 
     def banned(name: str) -> Callable[..., Any]:
         def stub(*args: Any, **kwargs: Any) -> Any:
@@ -560,7 +571,9 @@ def _banned_jax_derivatives(
         for name in names:
             setattr(jax, name, banned(name))
         with compat.derivatives_disabled(
-            reached, keep_linear_transpose=keep_linear_transpose
+            reached,
+            keep_linear_transpose=keep_linear_transpose,
+            clear_caches=clear_caches,
         ):
             yield
     finally:
@@ -599,8 +612,10 @@ def check_rebuilt_jacrev(
     two scalars and a vector) and a tuple-valued function (a matrix, a scalar, a
     vector), at two parameter sizes drawn per call, float32, to ``JACREV_RTOL``, with
     both sides at ``"highest"`` matmul precision. While the answer runs, the names in
-    :data:`JACREV_BANNED` raise (the exercise is to build the Jacobian from
-    ``jax.linearize`` and ``jax.linear_transpose``).
+    :data:`JACREV_BANNED` raise, and so do transposition not reached through
+    ``jax.linear_transpose`` and forward mode outside ``jax.linearize`` (also under a
+    name imported before): the exercise is to build the Jacobian from
+    ``jax.linearize`` and ``jax.linear_transpose``.
     """
     name = "Exercise 2.2, the Jacobian of a pytree-valued function"
     rng = np.random.default_rng()
@@ -619,6 +634,7 @@ def check_rebuilt_jacrev(
                 "build the Jacobian from jax.linearize and jax.linear_transpose (one "
                 "transpose per output entry)",
                 keep_linear_transpose=True,
+                clear_caches=(f, n, h) == cases[0],  # a failure ends the check
             ):
                 got = _call_jitted(answer, f, params)
             if ex.is_stub(got):
