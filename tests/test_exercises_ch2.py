@@ -635,7 +635,7 @@ def test_check_rebuilt_jacrev_draws_sizes_and_restores_jax():
 def test_check_rebuilt_jacrev_refuses_imported_jacobian_functions():
     """`from jax import jacrev` (bound before the check) still raises, as do the
     other routes to a Jacobian that 2.2 rules out; linearize + linear_transpose run."""
-    from jax import grad, jacfwd, jacrev, vjp
+    from jax import grad, jacfwd, jacrev, jvp, vjp
 
     def rows_from_vjp(f, params):
         out, pull_back = vjp(f, params)
@@ -648,6 +648,7 @@ def test_check_rebuilt_jacrev_refuses_imported_jacobian_functions():
     answers = {
         "jacrev": (lambda f, p: jacrev(f)(p), "JAX's transposition"),
         "jacfwd": (lambda f, p: jacfwd(f)(p), "JAX's forward mode"),
+        "jvp": (lambda f, p: jvp(f, (p,), (p,))[1], "JAX's forward mode"),
         "vjp": (rows_from_vjp, "JAX's transposition"),
         "grad": (scalar_rows_from_grad, "JAX's transposition"),
     }
