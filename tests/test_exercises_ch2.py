@@ -289,6 +289,88 @@ def test_check_transpose_refuses_jax_transposing_a_retyped_map(answer, name):
     assert jax.linear_transpose(lambda x: 2.0 * x, 1.0)(1.0) == (2.0,)
 
 
+def _retyped(p):
+    w = jnp.linspace(1.0, 2.0, 6)
+    return jnp.cumsum(p["x"]) - jnp.roll(p["x"], 1) + p["s"] * w
+
+
+def _from_matrix(apply_map):
+    """A dense transpose: the map applied to the 7 basis vectors, then M.T @ v."""
+
+    def transpose(v):
+        eye = jnp.eye(7, dtype=jnp.float32)
+        cols = [apply_map({"x": e[:6], "s": e[6]}) for e in eye]
+        back = jnp.stack(cols, axis=1).T @ v
+        return {"x": back[:6], "s": back[6]}
+
+    return transpose
+
+
+def _bypasses():
+    """Routes around a ban of jax.<name> attributes (the names bound before the
+    checker runs), each with the route the checker must name."""
+    from jax import jacfwd, jvp, linear_transpose, linearize, vjp
+
+    example = ch2.exercise_map_input()
+    prebuilt = linear_transpose(_retyped, example)
+    jitted = jax.jit(linear_transpose(_retyped, example))
+    jitted(jnp.ones(6))  # compiled before the checker runs
+    host_jitted = jax.jit(ch2.exercise_linear_map)
+    host_jitted(example)
+    transposition, forward = "JAX's transposition", "JAX's forward mode"
+    return {
+        "prebuilt transpose": (lambda v: prebuilt(v)[0], transposition),
+        "prebuilt, jitted and compiled": (lambda v: jitted(v)[0], transposition),
+        "imported linear_transpose": (
+            lambda v: linear_transpose(_retyped, example)(v)[0],
+            transposition,
+        ),
+        "imported vjp": (
+            lambda v: vjp(_retyped, example)[1](v)[0],
+            "JAX's linearization",
+        ),
+        "dense from jvp": (
+            _from_matrix(lambda p: jvp(_retyped, (example,), (p,))[1]),
+            forward,
+        ),
+        "dense from jacfwd": (
+            lambda v: {k: a.T @ v for k, a in jacfwd(_retyped)(example).items()},
+            forward,
+        ),
+        "dense from linearize": (
+            lambda v: _from_matrix(linearize(_retyped, example)[1])(v),
+            "JAX's linearization",
+        ),
+        "dense from the host map": (
+            _from_matrix(ch2.exercise_linear_map),
+            "your transpose called ex2.exercise_linear_map",
+        ),
+        "dense from the host map, jitted before": (
+            _from_matrix(host_jitted),
+            "your transpose called ex2.exercise_linear_map",
+        ),
+    }
+
+
+def test_check_transpose_refuses_every_route_through_jax_derivatives():
+    """A name imported before the check, a transpose built (and compiled) before it,
+    a dense matrix from jvp, jacfwd, linearize or the map itself: each raises while
+    the answer runs, and each route works again afterwards."""
+    for what, (answer, text) in _bypasses().items():
+        assert _right(answer, ch2.exercise_map_input()), what  # each is a transpose
+        fb = ch2.check_transpose(answer, dot_test)
+        assert not fb.passed and text in str(fb), (what, str(fb))
+    for what, (answer, _) in _bypasses().items():
+        assert _right(answer, ch2.exercise_map_input()), what
+
+
+def _right(answer, example):
+    v = jnp.arange(1.0, 7.0)
+    want = hand_transpose(v)
+    got = answer(v)
+    return all(np.allclose(got[k], want[k], rtol=1e-5, atol=1e-5) for k in want)
+
+
 def test_check_transpose_float64_answer_is_named():
     with jax.enable_x64(True):
         fb = ch2.check_transpose(
@@ -550,6 +632,33 @@ def test_check_rebuilt_jacrev_draws_sizes_and_restores_jax():
     assert jax.grad(lambda x: x**2)(3.0) == 6.0  # the ban is lifted afterwards
 
 
+def test_check_rebuilt_jacrev_refuses_imported_jacobian_functions():
+    """`from jax import jacrev` (bound before the check) still raises, as do the
+    other routes to a Jacobian that 2.2 rules out; linearize + linear_transpose run."""
+    from jax import grad, jacfwd, jacrev, jvp, vjp
+
+    def rows_from_vjp(f, params):
+        out, pull_back = vjp(f, params)
+        return jacrev(f)(params) if out is None else pull_back(out)
+
+    def scalar_rows_from_grad(f, params):
+        first = lambda p: jnp.sum(jax.tree.leaves(f(p))[0])  # noqa: E731
+        return grad(first)(params)
+
+    answers = {
+        "jacrev": (lambda f, p: jacrev(f)(p), "JAX's transposition"),
+        "jacfwd": (lambda f, p: jacfwd(f)(p), "JAX's forward mode"),
+        "jvp": (lambda f, p: jvp(f, (p,), (p,))[1], "JAX's forward mode"),
+        "vjp": (rows_from_vjp, "JAX's transposition"),
+        "grad": (scalar_rows_from_grad, "JAX's transposition"),
+    }
+    for what, (answer, text) in answers.items():
+        fb = ch2.check_rebuilt_jacrev(answer)
+        assert not fb.passed and text in str(fb), (what, str(fb))
+    assert ch2.check_rebuilt_jacrev(linearize_jacrev).passed
+    assert jacrev(lambda x: x**2)(3.0) == 6.0  # the ban is lifted afterwards
+
+
 def test_check_rebuilt_jacrev_tolerance_is_pinned():
     # two correct methods agree with jax.jacrev to 1e-8; JACREV_RTOL is 1e-6
     rtol = ch2.JACREV_RTOL
@@ -600,7 +709,22 @@ def test_check_transpose_accepts_a_right_dot_test(test):
         (None, "the exercise has a second part: pass your dot-product test too"),
         (_dot_stub, "my_dot_test is not attempted yet"),
         (_dot_x_only, "your dot test gives"),
-        (lambda f, ft, x, y: 0.0, "for a wrong transpose (cumsum kept as cumsum)"),
+        (
+            lambda f, ft, x, y: 0.0,
+            "for a wrong transpose (cumsum kept as cumsum) at 3 drawn x and y, so it "
+            "would pass it: that is as small as for the right transpose",
+        ),
+        (
+            lambda f, ft, x, y: (
+                1e-5
+                * jnp.abs(
+                    jnp.vdot(f(x), y)
+                    - jnp.vdot(x["x"], ft(y)["x"])
+                    - x["s"] * ft(y)["s"]
+                )
+            ),
+            "it must exceed 0.001; a relative test divides by the size",
+        ),
         (
             lambda f, ft, x, y: jnp.abs(
                 jnp.vdot(f(x), y) - jnp.vdot(x["x"], ft(y)["x"]) - x["s"] * 0.0
@@ -619,6 +743,7 @@ def test_check_transpose_accepts_a_right_dot_test(test):
         "stub",
         "x-leaf-only",
         "always-zero",
+        "scaled-down",
         "s-leaf-dropped",
         "library",
         "not-a-number",

@@ -244,6 +244,24 @@ class Mistake:
     then: str = ""  # text of a later message the guide quotes too (the diagnosis)
 
 
+def _retyped_map(p):
+    return jnp.cumsum(p["x"]) - jnp.roll(p["x"], 1) + p["s"] * _WEIGHTS
+
+
+def _prebuilt_transpose():
+    """JAX's transpose of a jnp copy of the map, built before the checker runs."""
+    transpose = jax.linear_transpose(_retyped_map, ex2.exercise_map_input())
+    return lambda v: transpose(v)[0]
+
+
+def _transpose_of_map_matrix(v):
+    """The map's matrix from its values on the basis vectors, transposed."""
+    eye = jnp.eye(7, dtype=jnp.float32)
+    cols = [ex2.exercise_linear_map({"x": e[:6], "s": e[6]}) for e in eye]
+    back = jnp.stack(cols, axis=1).T @ v
+    return {"x": back[:6], "s": back[6]}
+
+
 MISTAKES = [
     Mistake(
         "stub",
@@ -389,7 +407,9 @@ MISTAKES = [
             },
             lambda f, f_transpose, x, y: 0.0,
         ),
-        "your dot test gives at most 0 for a wrong transpose (cumsum kept as cumsum)",
+        "your dot test gives at most 0 for a wrong transpose (cumsum kept as cumsum) at "
+        "3 drawn x and y, so it would pass it: that is as small as for the right "
+        "transpose, so it cannot tell them apart",
     ),
     Mistake(
         "ch2-x-part-other",
@@ -410,6 +430,16 @@ MISTAKES = [
         ),
         "your transpose raised RuntimeError: your answer called jax.linear_transpose: "
         "write the transpose by hand",
+    ),
+    Mistake(
+        "ch2-transpose-built-before",
+        lambda: ex2.check_transpose(_prebuilt_transpose()),
+        "your answer reached JAX's transposition (",
+    ),
+    Mistake(
+        "ch2-matrix-of-the-map",
+        lambda: ex2.check_transpose(_transpose_of_map_matrix),
+        "your transpose called ex2.exercise_linear_map",
     ),
     Mistake(
         "ch2-grad-of-dict",

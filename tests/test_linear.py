@@ -719,6 +719,40 @@ def test_hijax_primitive_has_grad_and_no_jvp():
         jax.jvp(hi_sin, (x,), (jnp.ones(3),))
 
 
+def test_hijax_primitive_grad_under_checkpoint_needs_a_jvp():
+    """jax.checkpoint differentiates its body with the JVP, which a hijax primitive lacks."""
+    hi_sin = _hi_sin()
+    x = jnp.array([0.1, 0.5, 1.0])
+    with pytest.raises(NotImplementedError, match="jvp"):
+        jax.grad(jax.checkpoint(lambda z: hi_sin(z).sum()))(x)
+
+
+def test_vjp_hi_primitive_base_reads_the_signature_not_the_name():
+    """vjp_fwd takes nzs_in from JAX 0.9.0 on, still under the name VJPHiPrimitive."""
+
+    class Old:  # 0.8.2
+        def vjp_fwd(self, *args):
+            raise AssertionError
+
+    class Mid:  # 0.9.0 to 0.11: VJPHiPrimitive, new signature
+        def vjp_fwd(self, nzs_in, /, *args):
+            raise AssertionError
+
+    class Default:  # the default rule of 0.10-0.12 spells it in_nzs
+        def vjp_fwd(self, in_nzs, *args):
+            raise AssertionError
+
+    assert not compat._vjp_fwd_takes_nzs(Old)
+    assert compat._vjp_fwd_takes_nzs(Mid)
+    assert compat._vjp_fwd_takes_nzs(Default)
+    from jax.experimental import hijax
+
+    base = getattr(hijax, "HiPrim", None) or getattr(hijax, "VJPHiPrimitive")  # noqa: B009
+    params = list(inspect.signature(base.vjp_fwd).parameters)
+    assert compat._vjp_fwd_takes_nzs(base) == (params[1] == "nzs_in")
+    assert compat._vjp_fwd_takes_nzs(base) == (compat.jax_version() >= (0, 9, 0))
+
+
 def test_pure_callback_has_rules_that_raise_value_error():
     """pure_callback's JVP and transpose rules exist (and raise ValueError)."""
     from jax.interpreters import ad

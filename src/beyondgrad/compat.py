@@ -75,6 +75,7 @@ __all__ = [
     "custom_root_eqns",
     "custom_root_integer_aux_ok",
     "custom_root_with_aux",
+    "derivatives_disabled",
     "is_tracer",
     "jax_version",
     "jit_cache_size",
@@ -299,6 +300,84 @@ def vjp_backward() -> Callable[..., Any]:
     from jax._src import api
 
     return api._vjp3_bwd  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def derivatives_disabled(
+    error: Callable[[str], BaseException],
+    *,
+    keep_linear_transpose: bool = False,
+    clear_caches: bool = True,
+) -> Iterator[None]:
+    """Inside the block, JAX's own derivative machinery raises ``error(route)``.
+
+    Banned at the internal functions where every route ends, so a name imported
+    before (``from jax import vjp``) or a function built before the block
+    (``T = jax.linear_transpose(f, x)``) raises too:
+
+    * transposition, ``ad.backward_pass3``: ``jax.vjp``'s backward function,
+      ``grad``, ``value_and_grad``, ``jacrev``, ``jacobian``, ``hessian``,
+      ``jax.linear_transpose``;
+    * forward mode, ``api._jvp``: ``jax.jvp``, ``jacfwd`` (and ``hessian``);
+    * linearization, ``ad.linearize``: ``jax.linearize``, and ``jax.vjp``'s forward
+      step.
+
+    With ``keep_linear_transpose=True``, ``jax.linearize`` and ``jax.linear_transpose``
+    run (a transposition reached through ``ad.backward_pass``), and so does forward
+    mode while one of them runs (JAX's own JVP rules call ``jax.jvp``: ``prod``'s
+    does); the rest raises. With ``clear_caches`` (the default), JAX's caches are
+    cleared on entry, so a function jitted before the block is traced again inside it
+    (its compiled program would run no Python); a caller that enters the block several
+    times in one check clears them on the first entry only (each clearing costs a
+    recompilation of everything after it). ``route`` names what was reached.
+    """
+    from jax._src import api
+    from jax._src.interpreters import ad
+
+    saved_transpose, saved_pass = ad.backward_pass3, ad.backward_pass
+    saved_jvp, saved_linearize = api._jvp, ad.linearize
+    depth = {"pass": 0, "linearize": 0}
+
+    def counted(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            depth[key] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[key] -= 1
+
+        return run
+
+    def transpose(*args: Any, **kwargs: Any) -> Any:
+        if keep_linear_transpose and depth["pass"]:
+            return saved_transpose(*args, **kwargs)
+        raise error(
+            "JAX's transposition (jax.vjp's backward function, grad, jacrev"
+            + ("" if keep_linear_transpose else ", linear_transpose")
+            + ")"
+        )
+
+    def jvp(*args: Any, **kwargs: Any) -> Any:
+        if keep_linear_transpose and (depth["pass"] or depth["linearize"]):
+            return saved_jvp(*args, **kwargs)
+        raise error("JAX's forward mode (jax.jvp, jacfwd, hessian)")
+
+    def linearize(*args: Any, **kwargs: Any) -> Any:
+        raise error("JAX's linearization (jax.linearize, jax.vjp)")
+
+    if clear_caches:
+        jax.clear_caches()
+    ad.backward_pass3, api._jvp = transpose, jvp
+    if keep_linear_transpose:
+        ad.backward_pass = counted(saved_pass, "pass")
+        ad.linearize = counted(saved_linearize, "linearize")
+    else:
+        ad.linearize = linearize
+    try:
+        yield
+    finally:
+        ad.backward_pass3, ad.backward_pass = saved_transpose, saved_pass
+        api._jvp, ad.linearize = saved_jvp, saved_linearize
 
 
 # ----------------------------------------------------------------------------- Chapter 3
@@ -648,8 +727,10 @@ def captured_debug_callback_log() -> Iterator[list[logging.LogRecord]]:
 # signature of its forward rule differ across the range:
 #
 # * 0.8.2: ``jax.experimental.hijax.VJPHiPrimitive``, ``vjp_fwd(self, *args)``;
-# * 0.12: ``jax.experimental.hijax.HiPrim``, ``vjp_fwd(self, nzs_in, *args)`` (which
-#   inputs carry a nonzero tangent).
+# * 0.9.0 to 0.11: ``VJPHiPrimitive`` with ``vjp_fwd(self, nzs_in, /, *args)``;
+# * 0.12: ``jax.experimental.hijax.HiPrim``, ``vjp_fwd(self, nzs_in, /, *args)``.
+# ``nzs_in`` says which inputs carry a nonzero tangent. The signature, not the class
+# name, decides whether it is passed.
 
 
 def vjp_hi_primitive_base() -> type:
@@ -659,13 +740,14 @@ def vjp_hi_primitive_base() -> type:
     ``super().__init__()``) and defines ``expand(*args)`` (the value),
     ``fwd(*args) -> (value, residuals)`` and ``bwd(residuals, cotangent) -> tuple`` (one
     cotangent per input). This base maps them onto the running JAX's hijax class
-    (``VJPHiPrimitive`` on 0.8.2, ``HiPrim`` on 0.12) and its ``vjp_fwd`` /
-    ``vjp_bwd_retval`` signatures. Calling an instance binds ``call_hi_primitive``.
+    (``VJPHiPrimitive`` up to 0.11, ``HiPrim`` on 0.12) and its ``vjp_fwd`` /
+    ``vjp_bwd_retval`` signatures (``vjp_fwd`` takes ``nzs_in`` first from 0.9.0 on).
+    Calling an instance binds ``call_hi_primitive``.
     """
     from jax.experimental import hijax
 
     base = getattr(hijax, "HiPrim", None) or getattr(hijax, "VJPHiPrimitive")  # noqa: B009
-    takes_nzs = base.__name__ == "HiPrim"  # vjp_fwd(nzs_in, *args)
+    takes_nzs = _vjp_fwd_takes_nzs(base)
 
     class VJPHiPrim(base):  # type: ignore[misc, valid-type]
         def vjp_fwd(self, *args: Any) -> Any:
@@ -675,6 +757,14 @@ def vjp_hi_primitive_base() -> type:
             return self.bwd(res, ct)
 
     return VJPHiPrim
+
+
+def _vjp_fwd_takes_nzs(base: type) -> bool:
+    """Whether ``base.vjp_fwd`` takes ``nzs_in`` before the primal arguments."""
+    import inspect
+
+    params = inspect.signature(base.vjp_fwd).parameters  # type: ignore[attr-defined]
+    return "nzs_in" in params or "in_nzs" in params
 
 
 # ----------------------------------------------------------------------------- Chapter 3

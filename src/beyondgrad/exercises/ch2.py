@@ -6,8 +6,9 @@
   student must write it.
 * Exercise 2.2: :func:`check_rebuilt_jacrev` — the Jacobian of a pytree-valued
   function with vector and matrix outputs, at drawn sizes, built without ``jax.jacrev``,
-  ``jacfwd``, ``jacobian``, ``hessian``, ``grad``, ``value_and_grad`` or ``vjp``
-  (those raise while the answer runs).
+  ``jacfwd``, ``jacobian``, ``hessian``, ``grad``, ``value_and_grad``, ``vjp``'s
+  backward function or ``jvp`` (those raise while the answer runs, also under a name
+  imported before; ``jax.linearize`` and ``jax.linear_transpose`` run).
 * Exercise 2.3: :func:`check_jacobian_strategy` — ``"jacfwd"`` or ``"jacrev"`` for
   each case of :func:`strategy_cases`, graded on the cost model (passes = input size for
   ``jacfwd``, output size for ``jacrev``), never on a clock.
@@ -28,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from beyondgrad import compat, linear
 from beyondgrad import exercises as ex
-from beyondgrad import linear
 from beyondgrad.linear import PyTree
 
 __all__ = [
@@ -66,7 +67,18 @@ def _weights_np() -> np.ndarray:
     return np.linspace(1.0, 2.0, EXERCISE_MAP_SIZE, dtype=np.float32)
 
 
+#: True while a student's transpose runs: the map raises then (exercise 2.1 asks for
+#: its transpose without calling it, so not as a matrix built from its values).
+_MAP_LOCKED = [False]
+_MAP_LOCKED_MESSAGE = (
+    "your transpose called ex2.exercise_linear_map: write the transpose from the "
+    "map's formula, without calling the map (not from its values on basis vectors)"
+)
+
+
 def _map_on_host(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    if _MAP_LOCKED[0]:
+        raise RuntimeError(_MAP_LOCKED_MESSAGE)
     x = np.asarray(x, np.float32)
     return (np.cumsum(x) - np.roll(x, 1) + np.float32(s) * _weights_np()).astype(
         np.float32
@@ -88,6 +100,8 @@ def exercise_linear_map(p: Mapping[str, jax.Array]) -> jax.Array:
     ``jax.pure_callback``, so ``jax.linear_transpose`` and ``jax.vjp`` raise
     ``ValueError`` on it: its transpose has to be written by hand.
     """
+    if _MAP_LOCKED[0]:
+        raise RuntimeError(_MAP_LOCKED_MESSAGE)
     if not isinstance(p, Mapping) or set(p) != {"x", "s"}:
         raise TypeError("exercise_linear_map takes a dict {'x': f32[6], 's': f32[]}")
     x, s = jnp.asarray(p["x"], jnp.float32), jnp.asarray(p["s"], jnp.float32)
@@ -326,14 +340,31 @@ def _dot_test_problems(
             return [error], False
         assert wrong is not None
         if not wrong > DOT_TEST_WRONG_MIN:
-            leaf = "'s'" if "'s'" in slip else "'x'"
-            return [
+            seen = (
                 f"your dot test gives at most {wrong:.3g} for a wrong transpose "
-                f"({slip}) at {DOT_TEST_DRAWS} drawn x and y, so it would pass it: "
-                f"it must exceed {DOT_TEST_WRONG_MIN:g}; does <x, f_transpose(y)> include the "
-                f"{leaf} leaf (every leaf of x, each paired with its part)?"
+                f"({slip}) at {DOT_TEST_DRAWS} drawn x and y, so it would pass it"
+            )
+            if wrong <= 10 * value:  # no larger than for the right transpose
+                return [
+                    f"{seen}: that is as small as for the right transpose, so it "
+                    "cannot tell them apart; return |<f(x), y> - <x, f_transpose(y)>|, "
+                    "with f_transpose(y) from the f_transpose it is given"
+                ], False
+            return [
+                f"{seen}: it must exceed {DOT_TEST_WRONG_MIN:g}; a relative test "
+                "divides by the size of the two pairings, not by a larger scale"
             ], False
     return [], False
+
+
+@contextlib.contextmanager
+def _map_locked() -> Any:
+    """:func:`exercise_linear_map` raises inside the block."""
+    _MAP_LOCKED[0] = True
+    try:
+        yield
+    finally:
+        _MAP_LOCKED[0] = False
 
 
 @contextlib.contextmanager
@@ -371,8 +402,12 @@ def check_transpose(
     vectors, must be below ``DOT_PRODUCT_TOL``. A wrong transpose gets first a line
     naming the wrong part and the usual slip (cumsum kept, the shift not reversed, a
     sign, s dropped or unweighted, a factor), never the answer. While the answer runs,
-    the names in :data:`TRANSPOSE_BANNED` raise: re-typing the map in ``jnp`` and
-    transposing it with JAX is not the exercise.
+    the names in :data:`TRANSPOSE_BANNED` raise, and so do JAX's transposition,
+    linearization and forward mode however they are reached
+    (:func:`beyondgrad.compat.derivatives_disabled`), and :func:`exercise_linear_map`:
+    re-typing the map in ``jnp`` and transposing it with JAX, or transposing a matrix
+    made from the map's values, is not the exercise. A matrix made by applying a ``jnp``
+    copy of the map to basis vectors is not detected.
 
     Then the student's ``dot_test`` (required for a pass; ``linear.dot_product_test``
     raises while it runs) must return at most :data:`DOT_TEST_RIGHT_MAX` for the map
@@ -386,10 +421,14 @@ def check_transpose(
     rng = ex.case_rng(seed)
     for k in range(3):
         v = jnp.asarray(rng.normal(size=EXERCISE_MAP_SIZE), jnp.float32)
-        with _banned_jax_derivatives(
-            TRANSPOSE_BANNED,
-            "write the transpose by hand, in jnp, and check it with the dot-product "
-            "test (linear.dot_product_test)",
+        with (
+            _banned_jax_derivatives(
+                TRANSPOSE_BANNED,
+                "write the transpose by hand, in jnp, and check it with the dot-product "
+                "test (linear.dot_product_test)",
+                clear_caches=k == 0,  # a failure at v0 ends the check
+            ),
+            _map_locked(),
         ):
             got = ex.call_answer(answer, v, what="your transpose")
         early = ex.early_verdict(name, got, strict=strict)
@@ -504,8 +543,19 @@ TRANSPOSE_BANNED = (*JACREV_BANNED, "linearize", "linear_transpose")
 
 
 @contextlib.contextmanager
-def _banned_jax_derivatives(names: Sequence[str], advice: str) -> Any:
-    """``jax.<name>`` for each of ``names`` raises (with ``advice``) inside the block."""
+def _banned_jax_derivatives(
+    names: Sequence[str],
+    advice: str,
+    *,
+    keep_linear_transpose: bool = False,
+    clear_caches: bool = True,
+) -> Any:
+    """``jax.<name>`` for each of ``names`` raises (with ``advice``) inside the block,
+    and so does JAX's derivative machinery however it is reached
+    (:func:`beyondgrad.compat.derivatives_disabled`: a name imported before, a
+    transpose built before); with ``keep_linear_transpose``, ``jax.linearize`` and
+    ``jax.linear_transpose`` still run. ``clear_caches``: as in
+    :func:`beyondgrad.compat.derivatives_disabled`."""
 
     def banned(name: str) -> Callable[..., Any]:
         def stub(*args: Any, **kwargs: Any) -> Any:
@@ -513,11 +563,19 @@ def _banned_jax_derivatives(names: Sequence[str], advice: str) -> Any:
 
         return stub
 
+    def reached(route: str) -> RuntimeError:
+        return RuntimeError(f"your answer reached {route}: {advice}")
+
     saved = {name: getattr(jax, name) for name in names}
     try:
         for name in names:
             setattr(jax, name, banned(name))
-        yield
+        with compat.derivatives_disabled(
+            reached,
+            keep_linear_transpose=keep_linear_transpose,
+            clear_caches=clear_caches,
+        ):
+            yield
     finally:
         for name, fn in saved.items():
             setattr(jax, name, fn)
@@ -554,8 +612,10 @@ def check_rebuilt_jacrev(
     two scalars and a vector) and a tuple-valued function (a matrix, a scalar, a
     vector), at two parameter sizes drawn per call, float32, to ``JACREV_RTOL``, with
     both sides at ``"highest"`` matmul precision. While the answer runs, the names in
-    :data:`JACREV_BANNED` raise (the exercise is to build the Jacobian from
-    ``jax.linearize`` and ``jax.linear_transpose``).
+    :data:`JACREV_BANNED` raise, and so do transposition not reached through
+    ``jax.linear_transpose`` and forward mode outside ``jax.linearize`` (also under a
+    name imported before): the exercise is to build the Jacobian from
+    ``jax.linearize`` and ``jax.linear_transpose``.
     """
     name = "Exercise 2.2, the Jacobian of a pytree-valued function"
     rng = np.random.default_rng()
@@ -573,6 +633,8 @@ def check_rebuilt_jacrev(
                 JACREV_BANNED,
                 "build the Jacobian from jax.linearize and jax.linear_transpose (one "
                 "transpose per output entry)",
+                keep_linear_transpose=True,
+                clear_caches=(f, n, h) == cases[0],  # a failure ends the check
             ):
                 got = _call_jitted(answer, f, params)
             if ex.is_stub(got):
