@@ -307,6 +307,16 @@ def _b_as_x0(b):  # the slip: b passed as x0, the parameters left as they are
     return jax.grad(loss)(b)
 
 
+def _b_as_x0_unrolled(b):  # the same slip, unrolled: a gradient of ~1e-14, not 0
+    p = ch3.exercise3_params()
+    loss = lambda b: jnp.sum(  # noqa: E731
+        implicit.fixed_point(
+            problems.deq_layer, b, p, tol=1e-13, adjoint="unrolled", max_iter=2000
+        )[0]
+    )
+    return jax.grad(loss)(b)
+
+
 def _b_left_out(b):  # the slip: the parameters' own b, the argument unused
     p = ch3.exercise3_params()
     loss = lambda b: (
@@ -651,6 +661,7 @@ def test_sqrtm_first_message_names_the_mistake(answer, quote):
         (lambda b: _grad_closed_form(b) + jnp.sin(b), "the solve is not the cause"),
         (_b_as_x0, "your gradient is zero: b does not reach"),
         (_b_left_out, "your gradient is zero: b does not reach"),
+        (_b_as_x0_unrolled, "your gradient is zero: b does not reach"),
     ],
     ids=[
         "starter",
@@ -665,6 +676,7 @@ def test_sqrtm_first_message_names_the_mistake(answer, quote):
         "wrong-formula",
         "b-as-x0",
         "b-left-out",
+        "b-as-x0-unrolled",
     ],
 )
 def test_tolerance_fix_first_message_names_the_mistake(answer, quote):
