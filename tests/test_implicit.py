@@ -482,6 +482,14 @@ BAD_HELPER_CALLS = [
         "g must be the linear function",
     ),
     (
+        "dense-complex-rhs",
+        lambda: im.dense_tangent_solve(
+            lambda v: 2.0 * v, {"a": jnp.ones(2), "z": jnp.ones(2, jnp.complex64)}
+        ),
+        TypeError,
+        r"y\['z'\] has dtype complex64.*real and imaginary parts",
+    ),
+    (
         "iterative-method",
         lambda: im.iterative_tangent_solve("bicgstab", 1e-6),
         ValueError,
@@ -646,6 +654,34 @@ def _fixed_point_root(theta):
     F = lambda x: 0.5 * jnp.cos(x) + theta - x
     solve = lambda F, x0: lax.fori_loop(0, 60, lambda _, x: x + F(x), x0)
     return lax.custom_root(F, jnp.zeros_like(theta), solve, lambda g, y: y / g(1.0))
+
+
+def test_deq_params_obey_the_banach_bounds(x64):
+    """||z_k - z*|| <= r^k ||z_0 - z*|| <= r^k/(1-r) ||z_1 - z_0||, as deq_params's
+    docstring states. The bound without 1/(1-r) fails on these draws (measured ratios
+    1.6 to 3.1 at radius 0.9), so the test tells the two apart."""
+    r = 0.9
+    needed_the_factor = False
+    for seed in range(3):
+        p = problems.deq_params(
+            jax.random.key(seed),
+            d=32,
+            d_in=8,
+            radius=r,
+            input_scale=0.1,
+            dtype=jnp.float64,
+        )
+        zs = [jnp.zeros(32)]
+        for _ in range(600):
+            zs.append(problems.deq_layer(zs[-1], p))
+        z_star = np.asarray(zs[-1])
+        err = np.array([np.linalg.norm(np.asarray(z) - z_star) for z in zs[:80]])
+        step1 = np.linalg.norm(np.asarray(zs[1] - zs[0]))
+        k = np.arange(80)
+        assert np.all(err <= r**k * err[0] * (1 + 1e-9))
+        assert np.all(err <= r**k / (1 - r) * step1 * (1 + 1e-9))
+        needed_the_factor |= bool(np.any(err > r**k * step1))
+    assert needed_the_factor
 
 
 def test_custom_root_is_found_in_jaxprs_on_this_jax():
@@ -843,6 +879,42 @@ def test_float32_gmres_tangent_solve_is_as_accurate_as_its_tolerance():
         g64 = d * np.linalg.solve(a.T, c)  # d(c.z*)/db = D (I - D W)^-T c
     rel = np.linalg.norm(np.asarray(g32) - g64) / np.linalg.norm(g64)
     assert rel < 7e-6, rel
+
+
+@pytest.mark.parametrize("method", ["gmres", "cg"])
+def test_float32_iterative_tangent_solve_is_right_for_a_small_cotangent(method):
+    """A loss scaled by 1e-8 (and 1e-25) in float32: the gradient divided by the scale
+    against a float64 dense solve, A^-T c. JAX's gmres treats a right-hand side with
+    norm below float32's eps (1.2e-7) as zero, so an unscaled inner solve returned an
+    exact-zero gradient (relative error 1.0) at 1e-8; cg's squared norms underflow
+    below a norm of about 1e-19. A structured (pytree) unknown checks the scaling over
+    all leaves."""
+    rng = np.random.default_rng(7)
+    n = 12
+    b = rng.standard_normal((n, n)) / n**0.5
+    a = b @ b.T + np.eye(n) if method == "cg" else b + 2.0 * np.eye(n)
+    c = np.linspace(-1.0, 1.0, n)
+    ref = np.linalg.solve(a.T, c)  # float64: d(c . x*)/dtheta for A x* = theta
+    a32 = jnp.asarray(a, jnp.float32)
+
+    def f(x, theta):  # A x - theta, on a {"head", "tail"} split of x
+        flat = jnp.concatenate([x["head"], x["tail"]])
+        r = a32 @ flat - theta
+        return {"head": r[:5], "tail": r[5:]}
+
+    x0 = {"head": jnp.zeros(5), "tail": jnp.zeros(n - 5)}
+
+    def loss(theta, scale):
+        x, _ = im.root_find(f, x0, theta, tangent_solver=method)
+        flat = jnp.concatenate([x["head"], x["tail"]])
+        return scale * (jnp.asarray(c, jnp.float32) @ flat)
+
+    grad = jax.jit(jax.grad(loss))
+    theta = jnp.ones(n, jnp.float32)
+    for scale in (1.0, 1e-8, 1e-25):
+        g = np.asarray(grad(theta, jnp.float32(scale)), np.float64) / scale
+        rel = np.linalg.norm(g - ref) / np.linalg.norm(ref)
+        assert rel < 1e-4, (method, scale, rel)
 
 
 # ------------------------------------------------------ throw: non-convergence is an error
