@@ -917,6 +917,26 @@ def test_float32_iterative_tangent_solve_is_right_for_a_small_cotangent(method):
         assert rel < 1e-4, (method, scale, rel)
 
 
+def test_cg_tangent_solver_takes_a_negative_definite_system_not_an_indefinite_one():
+    """The docstring's claim: CG is right on a symmetric definite dF/dx of either sign
+    (against the exact inverse) and returns NaN on the indefinite diag(1, -1)."""
+    h_neg = -np.array([[2.0, 0.5], [0.5, 1.0]])
+    for h, definite in ((h_neg, True), (np.diag([1.0, -1.0]), False)):
+        a = jnp.asarray(h, jnp.float32)
+
+        def loss(t, a=a):
+            return im.root_find(
+                lambda x, t: a @ x - t, jnp.zeros(2), t, tangent_solver="cg"
+            )[0].sum()
+
+        g = np.asarray(jax.grad(loss)(jnp.array([1.0, 2.0])), np.float64)
+        ref = np.linalg.solve(h.T, np.ones(2))
+        if definite:
+            np.testing.assert_allclose(g, ref, rtol=1e-5)
+        else:
+            assert np.all(np.isnan(g)), g
+
+
 # ------------------------------------------------------ throw: non-convergence is an error
 
 
