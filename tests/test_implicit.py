@@ -937,6 +937,33 @@ def test_cg_tangent_solver_takes_a_negative_definite_system_not_an_indefinite_on
             assert np.all(np.isnan(g)), g
 
 
+def test_restarted_gmres_tangent_solver_stagnates_on_a_cyclic_permutation():
+    """The docstring's claim: dF/dx a 40x40 cyclic shift (orthogonal, invertible);
+    GMRES restarted every 20 steps makes no progress (relative error 1.0 on both JAX
+    ends) while the dense solve is exact. The test fails if gmres ever converges
+    here, and the docstring's example must then change."""
+    n = 40
+    shift = jnp.roll(jnp.eye(n), 1, axis=0)
+    theta = jnp.zeros(n).at[0].set(1.0)
+    ref = np.linalg.solve(np.asarray(shift).T, np.eye(n)[5])
+
+    def grad(tangent_solver):
+        def loss(t):
+            x, _ = im.root_find(
+                lambda x, t: shift @ x - t,
+                jnp.zeros(n),
+                t,
+                tangent_solver=tangent_solver,
+            )
+            return x[5]
+
+        return np.asarray(jax.grad(loss)(theta), np.float64)
+
+    rel = lambda g: np.linalg.norm(g - ref) / np.linalg.norm(ref)  # noqa: E731
+    assert rel(grad("dense")) < 1e-6
+    assert rel(grad("gmres")) > 0.5
+
+
 # ------------------------------------------------------ throw: non-convergence is an error
 
 

@@ -395,7 +395,7 @@ def iterative_tangent_solve(
 
     Each inner solve runs on ``b / s`` and scales its result back by ``s``, where ``s``
     is the largest ``|b_i|`` over all leaves (a zero ``b`` is left as is). JAX's
-    ``gmres`` treats a right-hand side whose norm is below the dtype's machine
+    ``gmres`` treats a right-hand side whose norm is at most the dtype's machine
     epsilon as zero (an absolute threshold, ``1.2e-7`` in float32), so an unscaled
     solve returns an exact-zero gradient for a small cotangent; and squared norms,
     which ``cg`` and ``gmres`` compute, underflow in float32 as the norm nears
