@@ -1015,6 +1015,28 @@ def test_non_convergence_raises_under_jit_and_vmap(x64):
         jax.block_until_ready(halves(jnp.asarray([0.5, 2.0])))
 
 
+def test_eager_vmap_and_grad_raise_solver_error_itself_and_tol_zero_raises_nothing(
+    x64,
+):
+    """SolverError's docstring: an eager vmap or grad runs the host check at once, so
+    the caller gets SolverError itself (jit gets JaxRuntimeError: the test above).
+    SolverInfo's: with tol=0, converged is False and nothing is raised."""
+
+    def total(t):
+        x, _ = im.fixed_point(_doubling, jnp.zeros(3), t, tol=1e-8, max_iter=25)
+        return x.sum()
+
+    with compat.captured_debug_callback_log():
+        with pytest.raises(im.SolverError, match="fixed_point did not converge"):
+            jax.vmap(total)(jnp.ones(2))
+        with pytest.raises(im.SolverError, match="fixed_point did not converge"):
+            jax.grad(total)(jnp.asarray(1.0))
+    _, info = im.fixed_point(
+        lambda x, t: 0.5 * x + t, jnp.zeros(3), jnp.asarray(1.0), tol=0, max_iter=5
+    )
+    assert not bool(info.converged) and float(info.residual) > 0
+
+
 def test_a_nan_parameter_raises_and_names_the_leaf(x64):
     params = {"a": jnp.asarray([1.0, jnp.nan, 2.0]), "scale": jnp.asarray(0.5)}
 
