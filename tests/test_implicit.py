@@ -520,6 +520,14 @@ BAD_HELPER_CALLS = [
         "g must be the linear function",
     ),
     (
+        "dense-complex-rhs",
+        lambda: im.dense_tangent_solve(
+            lambda v: 2.0 * v, {"a": jnp.ones(2), "z": jnp.ones(2, jnp.complex64)}
+        ),
+        TypeError,
+        r"y\['z'\] has dtype complex64.*real and imaginary parts",
+    ),
+    (
         "iterative-method",
         lambda: im.iterative_tangent_solve("bicgstab", 1e-6),
         ValueError,
@@ -684,6 +692,34 @@ def _fixed_point_root(theta):
     F = lambda x: 0.5 * jnp.cos(x) + theta - x
     solve = lambda F, x0: lax.fori_loop(0, 60, lambda _, x: x + F(x), x0)
     return lax.custom_root(F, jnp.zeros_like(theta), solve, lambda g, y: y / g(1.0))
+
+
+def test_deq_params_obey_the_banach_bounds(x64):
+    """||z_k - z*|| <= r^k ||z_0 - z*|| <= r^k/(1-r) ||z_1 - z_0||, as deq_params's
+    docstring states. The bound without 1/(1-r) fails on these draws (measured ratios
+    1.6 to 3.1 at radius 0.9), so the test tells the two apart."""
+    r = 0.9
+    needed_the_factor = False
+    for seed in range(3):
+        p = problems.deq_params(
+            jax.random.key(seed),
+            d=32,
+            d_in=8,
+            radius=r,
+            input_scale=0.1,
+            dtype=jnp.float64,
+        )
+        zs = [jnp.zeros(32)]
+        for _ in range(600):
+            zs.append(problems.deq_layer(zs[-1], p))
+        z_star = np.asarray(zs[-1])
+        err = np.array([np.linalg.norm(np.asarray(z) - z_star) for z in zs[:80]])
+        step1 = np.linalg.norm(np.asarray(zs[1] - zs[0]))
+        k = np.arange(80)
+        assert np.all(err <= r**k * err[0] * (1 + 1e-9))
+        assert np.all(err <= r**k / (1 - r) * step1 * (1 + 1e-9))
+        needed_the_factor |= bool(np.any(err > r**k * step1))
+    assert needed_the_factor
 
 
 def test_custom_root_is_found_in_jaxprs_on_this_jax():
@@ -883,6 +919,89 @@ def test_float32_gmres_tangent_solve_is_as_accurate_as_its_tolerance():
     assert rel < 7e-6, rel
 
 
+@pytest.mark.parametrize("method", ["gmres", "cg"])
+def test_float32_iterative_tangent_solve_is_right_for_a_small_cotangent(method):
+    """A loss scaled by 1e-8 (and 1e-25) in float32: the gradient divided by the scale
+    against a float64 dense solve, A^-T c. JAX's gmres treats a right-hand side with
+    norm below float32's eps (1.2e-7) as zero, so an unscaled inner solve returned an
+    exact-zero gradient (relative error 1.0) at 1e-8; cg's squared norms underflow
+    below a norm of about 1e-19. A structured (pytree) unknown checks the scaling over
+    all leaves."""
+    rng = np.random.default_rng(7)
+    n = 12
+    b = rng.standard_normal((n, n)) / n**0.5
+    a = b @ b.T + np.eye(n) if method == "cg" else b + 2.0 * np.eye(n)
+    c = np.linspace(-1.0, 1.0, n)
+    ref = np.linalg.solve(a.T, c)  # float64: d(c . x*)/dtheta for A x* = theta
+    a32 = jnp.asarray(a, jnp.float32)
+
+    def f(x, theta):  # A x - theta, on a {"head", "tail"} split of x
+        flat = jnp.concatenate([x["head"], x["tail"]])
+        r = a32 @ flat - theta
+        return {"head": r[:5], "tail": r[5:]}
+
+    x0 = {"head": jnp.zeros(5), "tail": jnp.zeros(n - 5)}
+
+    def loss(theta, scale):
+        x, _ = im.root_find(f, x0, theta, tangent_solver=method)
+        flat = jnp.concatenate([x["head"], x["tail"]])
+        return scale * (jnp.asarray(c, jnp.float32) @ flat)
+
+    grad = jax.jit(jax.grad(loss))
+    theta = jnp.ones(n, jnp.float32)
+    for scale in (1.0, 1e-8, 1e-25):
+        g = np.asarray(grad(theta, jnp.float32(scale)), np.float64) / scale
+        rel = np.linalg.norm(g - ref) / np.linalg.norm(ref)
+        assert rel < 1e-4, (method, scale, rel)
+
+
+def test_cg_tangent_solver_takes_a_negative_definite_system_not_an_indefinite_one():
+    """The docstring's claim: CG is right on a symmetric definite dF/dx of either sign
+    (against the exact inverse) and returns NaN on the indefinite diag(1, -1)."""
+    h_neg = -np.array([[2.0, 0.5], [0.5, 1.0]])
+    for h, definite in ((h_neg, True), (np.diag([1.0, -1.0]), False)):
+        a = jnp.asarray(h, jnp.float32)
+
+        def loss(t, a=a):
+            return im.root_find(
+                lambda x, t: a @ x - t, jnp.zeros(2), t, tangent_solver="cg"
+            )[0].sum()
+
+        g = np.asarray(jax.grad(loss)(jnp.array([1.0, 2.0])), np.float64)
+        ref = np.linalg.solve(h.T, np.ones(2))
+        if definite:
+            np.testing.assert_allclose(g, ref, rtol=1e-5)
+        else:
+            assert np.all(np.isnan(g)), g
+
+
+def test_restarted_gmres_tangent_solver_stagnates_on_a_cyclic_permutation():
+    """The docstring's claim: dF/dx a 40x40 cyclic shift (orthogonal, invertible);
+    GMRES restarted every 20 steps makes no progress (relative error 1.0 on both JAX
+    ends) while the dense solve is exact. The test fails if gmres ever converges
+    here, and the docstring's example must then change."""
+    n = 40
+    shift = jnp.roll(jnp.eye(n), 1, axis=0)
+    theta = jnp.zeros(n).at[0].set(1.0)
+    ref = np.linalg.solve(np.asarray(shift).T, np.eye(n)[5])
+
+    def grad(tangent_solver):
+        def loss(t):
+            x, _ = im.root_find(
+                lambda x, t: shift @ x - t,
+                jnp.zeros(n),
+                t,
+                tangent_solver=tangent_solver,
+            )
+            return x[5]
+
+        return np.asarray(jax.grad(loss)(theta), np.float64)
+
+    rel = lambda g: np.linalg.norm(g - ref) / np.linalg.norm(ref)  # noqa: E731
+    assert rel(grad("dense")) < 1e-6
+    assert rel(grad("gmres")) > 0.5
+
+
 # ------------------------------------------------------ throw: non-convergence is an error
 
 
@@ -932,6 +1051,28 @@ def test_non_convergence_raises_under_jit_and_vmap(x64):
     np.testing.assert_allclose(x, [[2.0, 2.0], [4 / 3, 4 / 3]], rtol=1e-7)
     with pytest.raises(RuntimeError, match="did not converge"):
         jax.block_until_ready(halves(jnp.asarray([0.5, 2.0])))
+
+
+def test_eager_vmap_and_grad_raise_solver_error_itself_and_tol_zero_raises_nothing(
+    x64,
+):
+    """SolverError's docstring: an eager vmap or grad runs the host check at once, so
+    the caller gets SolverError itself (jit gets JaxRuntimeError: the test above).
+    SolverInfo's: with tol=0, converged is False and nothing is raised."""
+
+    def total(t):
+        x, _ = im.fixed_point(_doubling, jnp.zeros(3), t, tol=1e-8, max_iter=25)
+        return x.sum()
+
+    with compat.captured_debug_callback_log():
+        with pytest.raises(im.SolverError, match="fixed_point did not converge"):
+            jax.vmap(total)(jnp.ones(2))
+        with pytest.raises(im.SolverError, match="fixed_point did not converge"):
+            jax.grad(total)(jnp.asarray(1.0))
+    _, info = im.fixed_point(
+        lambda x, t: 0.5 * x + t, jnp.zeros(3), jnp.asarray(1.0), tol=0, max_iter=5
+    )
+    assert not bool(info.converged) and float(info.residual) > 0
 
 
 def test_a_nan_parameter_raises_and_names_the_leaf(x64):

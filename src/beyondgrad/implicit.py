@@ -29,6 +29,7 @@ copies its experiments and the tests use. Exercise checkers live in
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, TypeAlias, TypeGuard
@@ -76,7 +77,9 @@ class SolverInfo(NamedTuple):
     """Diagnostics of one solve (a pytree, so it works under ``jit``/``vmap``).
 
     A solve stopped by ``max_iter`` reports ``converged`` ``False``; with
-    ``throw=True`` it raises :class:`SolverError` instead.
+    ``throw=True`` it raises :class:`SolverError` instead. With ``tol=0`` (a fixed
+    trip count) ``converged`` is ``False`` unless the residual is exactly zero, and
+    nothing is raised for it (by design: only a non-finite residual fails then).
     """
 
     #: Solver steps taken (int32).
@@ -90,9 +93,11 @@ class SolverInfo(NamedTuple):
 class SolverError(RuntimeError):
     """A solve that did not converge, raised when ``throw=True`` (the default).
 
-    Outside ``jit``/``vmap`` it is raised as is. Inside a traced function the check runs
-    on the host through ``jax.debug.callback``, so the caller sees the runtime error of
-    JAX (``jax.errors.JaxRuntimeError``, also a ``RuntimeError``) whose message quotes
+    With concrete diagnostics it is raised as is. With traced ones the check runs on
+    the host through ``jax.debug.callback``: under an eager ``vmap`` or ``grad`` the
+    callback runs at once and the caller gets this error itself (JAX may also log
+    "jax.debug.callback failed"); under ``jit`` the caller gets JAX's runtime error
+    (``jax.errors.JaxRuntimeError``, also a ``RuntimeError``), whose message quotes
     this one. Pass ``throw=False`` to get ``(x, SolverInfo)`` back instead.
     """
 
@@ -104,6 +109,12 @@ def _tree_norm(tree: PyTree) -> jax.Array:
     """Euclidean norm of all leaves of ``tree`` taken together."""
     leaves = jax.tree_util.tree_leaves(tree)
     return jnp.sqrt(sum(jnp.sum(jnp.abs(leaf) ** 2) for leaf in leaves))
+
+
+def _tree_max_abs(tree: PyTree) -> jax.Array:
+    """The largest ``|leaf_i|`` over all leaves of ``tree`` (no squares: no underflow)."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(leaf)) for leaf in leaves])
 
 
 def _is_array_tol(tol: object) -> bool:
@@ -330,21 +341,31 @@ def dense_tangent_solve(g: Callable[[PyTree], PyTree], y: PyTree) -> PyTree:
 
     ``g`` is linear, so its Jacobian (built with ``jax.jacfwd`` on the flattened vector) is
     its matrix. Cost: ``n`` JVPs plus an ``O(n^3)`` solve, for ``n`` unknowns: small
-    problems only.
+    problems only. For a pytree of real floating arrays: ``jax.jacfwd`` takes no
+    complex input.
 
     Args:
         g: A linear function on pytrees shaped like ``y`` (``custom_root`` passes
             ``x -> ∂F/∂x · x``).
-        y: The right-hand side.
+        y: The right-hand side, a pytree of real floating arrays.
 
     Returns:
         ``x`` with ``g(x) = y``, structured like ``y``.
 
     Raises:
-        TypeError: ``g`` is not callable.
+        TypeError: ``g`` is not callable, or a leaf of ``y`` is not a real floating
+            array.
     """
     _checks.function(
         g, "g", "the linear function x -> A x", where="dense_tangent_solve: "
+    )
+    _checks.float_leaves(
+        y,
+        "y",
+        why="jax.jacfwd builds the matrix and takes no complex input",
+        where="dense_tangent_solve: ",
+        fix="split a complex unknown into real and imaginary parts, or pass a "
+        "matrix-free tangent_solver",
     )
     y_flat, unravel = ravel_pytree(y)
 
@@ -363,17 +384,34 @@ def iterative_tangent_solve(
     ``custom_linear_solve`` tells JAX that the result is ``A^{-1} y`` and how to solve
     with ``A^T``, so reverse mode transposes the solve as a whole. Calling JAX's
     ``gmres``/``cg`` directly on the tangent ``y`` fails under reverse mode
-    (jax-ml/jax#5309): they compute their initial guess and stopping tolerances from
-    ``y`` (``atol = max(tol * |y|, atol)``) before their own ``custom_linear_solve``,
-    so its ``solve`` closes over values that depend on the linear input, which the
-    transpose rule rejects (``NotImplementedError``). Wrapped here, ``y`` is only the
-    outer right-hand side and the inner solver runs on known cotangents. ``cg`` needs
-    a symmetric positive-definite ``A`` (e.g. a Hessian); ``gmres`` takes any
-    invertible ``A``.
+    (jax-ml/jax#5309): before its own ``custom_linear_solve``, ``gmres`` computes its
+    stopping tolerances from ``y`` (``atol = max(tol * |y|, atol)`` and a
+    preconditioned ``ptol``), and both pass ``y`` and the initial guess
+    (``zeros_like(y)``) through one two-operand ``device_put``, which ties the guess
+    to ``y`` (``cg`` computes its tolerance inside its solve). So the inner ``solve``
+    closes over values that depend on the linear input, which the transpose rule
+    rejects (``NotImplementedError``). Wrapped here, ``y`` is only the outer
+    right-hand side and the inner solver runs on known cotangents.
+
+    Each inner solve runs on ``b / s`` and scales its result back by ``s``, where ``s``
+    is the largest ``|b_i|`` over all leaves (a zero ``b`` is left as is). JAX's
+    ``gmres`` treats a right-hand side whose norm is at most the dtype's machine
+    epsilon as zero (an absolute threshold, ``1.2e-7`` in float32), so an unscaled
+    solve returns an exact-zero gradient for a small cotangent; and squared norms,
+    which ``cg`` and ``gmres`` compute, underflow in float32 as the norm nears
+    ``1e-19`` (the square root of float32's smallest normal number): the solution
+    loses accuracy, then vanishes. The largest entry, unlike the norm, does not
+    underflow.
+
+    ``cg`` needs a symmetric definite ``A`` (positive or negative definite, e.g. the
+    Hessian at a strict minimum); on an indefinite one it can return NaN without an
+    error. ``gmres`` (restarted every 20 steps) needs an ``A`` on which restarted
+    GMRES converges: it can stagnate on some invertible ``A`` (a cyclic permutation,
+    for one), and then returns an inaccurate solution without an error.
 
     Args:
-        method: ``"gmres"`` (any invertible ``A``) or ``"cg"`` (symmetric
-            positive-definite ``A``).
+        method: ``"gmres"`` (a general ``A`` on which restarted GMRES converges) or
+            ``"cg"`` (symmetric definite ``A``).
         tol: Relative tolerance of the inner solves, a float in ``(0, 1)``.
             ``tangent_solver="gmres"``/``"cg"`` use ``1e-6`` in float32 and ``1e-12``
             in float64.
@@ -389,9 +427,14 @@ def iterative_tangent_solve(
     _checks.number(tol, "tol", above=0, below=1, meaning="a relative tolerance")
 
     def inner(matvec: LinearMap, b: PyTree) -> PyTree:
+        big = _tree_max_abs(b)
+        scale = jnp.where(big > 0, big, jnp.ones_like(big))
+        unit = jax.tree_util.tree_map(lambda leaf: leaf / scale.astype(leaf.dtype), b)
         if method == "cg":
-            return cg(matvec, b, tol=tol, atol=0.0)[0]
-        return gmres(matvec, b, tol=tol, atol=0.0, solve_method="batched")[0]
+            x = cg(matvec, unit, tol=tol, atol=0.0)[0]
+        else:
+            x = gmres(matvec, unit, tol=tol, atol=0.0, solve_method="batched")[0]
+        return jax.tree_util.tree_map(lambda leaf: leaf * scale.astype(leaf.dtype), x)
 
     def solve(g: Callable[[PyTree], PyTree], y: PyTree) -> PyTree:
         return lax.custom_linear_solve(
@@ -784,9 +827,10 @@ def fixed_point(
 
     Raises:
         SolverError: With ``throw=True``, when the residual is above ``tol`` after
-            ``max_iter`` steps, or not finite (a NaN parameter). Under ``jit`` or
-            ``vmap`` the check runs on the host and the error arrives as JAX's
-            runtime error (``jax.errors.JaxRuntimeError``), quoting the message.
+            ``max_iter`` steps, or not finite (a NaN parameter). Under ``jit`` the
+            check runs on the host and the error arrives as JAX's runtime error
+            (``jax.errors.JaxRuntimeError``), quoting the message; under an eager
+            ``vmap`` or ``grad`` it arrives as itself.
         TypeError: ``f`` not callable, ``x0`` not floating, ``f`` returning another
             structure, shape or dtype than ``x0``, ``throw`` not a bool, or an option
             that the chosen ``solver`` or ``adjoint`` does not use (``memory`` without

@@ -88,8 +88,8 @@ def deq_params(
     ``W = radius * Q`` with ``Q`` a random orthogonal matrix, so every singular value
     and every eigenvalue of ``W`` has modulus ``radius < 1``. Since
     ``|tanh'| <= 1``, ``||∂f/∂z||_2 <= radius``, so the iteration converges from any start
-    with error ``<= radius^k`` times the first step's (Banach), and ``I - ∂f/∂z`` is
-    invertible: the implicit derivative exists. A small ``input_scale`` (the size of
+    (Banach: ``||z_k - z*|| <= r^k ||z_0 - z*|| <= r^k / (1 - r) ||z_1 - z_0||`` with
+    ``r = radius``), and ``I - ∂f/∂z`` is invertible: the implicit derivative exists. A small ``input_scale`` (the size of
     ``U x``) keeps ``tanh`` near its linear regime, where the contraction factor is close
     to ``radius`` and plain iteration is slow.
 
