@@ -311,9 +311,10 @@ def derivatives_disabled(
 ) -> Iterator[None]:
     """Inside the block, JAX's own derivative machinery raises ``error(route)``.
 
-    Banned at the internal functions where every route ends, so a name imported
+    Banned at the internal functions where the API's routes end, so a name imported
     before (``from jax import vjp``) or a function built before the block
-    (``T = jax.linear_transpose(f, x)``) raises too:
+    (``T = jax.linear_transpose(f, x)``) raises too. Not banned: programs compiled or
+    exported before the block (they run no Python), and ``jax.experimental.jet``:
 
     * transposition, ``ad.backward_pass3``: ``jax.vjp``'s backward function,
       ``grad``, ``value_and_grad``, ``jacrev``, ``jacobian``, ``hessian``,

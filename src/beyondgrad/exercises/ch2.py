@@ -403,11 +403,13 @@ def check_transpose(
     naming the wrong part and the usual slip (cumsum kept, the shift not reversed, a
     sign, s dropped or unweighted, a factor), never the answer. While the answer runs,
     the names in :data:`TRANSPOSE_BANNED` raise, and so do JAX's transposition,
-    linearization and forward mode however they are reached
+    linearization and forward mode reached through JAX's API, also under a name
+    imported before or in a function built or jitted before
     (:func:`beyondgrad.compat.derivatives_disabled`), and :func:`exercise_linear_map`:
-    re-typing the map in ``jnp`` and transposing it with JAX, or transposing a matrix
-    made from the map's values, is not the exercise. A matrix made by applying a ``jnp``
-    copy of the map to basis vectors is not detected.
+    re-typing the map in ``jnp`` and transposing it with JAX is not the exercise. Not
+    detected: work done before the check (a matrix from the map's values, a transpose
+    compiled ahead of time, exported or made a jaxpr), ``jax.experimental.jet``, and a
+    matrix made by applying a ``jnp`` copy of the map to basis vectors.
 
     Then the student's ``dot_test`` (required for a pass; ``linear.dot_product_test``
     raises while it runs) must return at most :data:`DOT_TEST_RIGHT_MAX` for the map
@@ -551,9 +553,9 @@ def _banned_jax_derivatives(
     clear_caches: bool = True,
 ) -> Any:
     """``jax.<name>`` for each of ``names`` raises (with ``advice``) inside the block,
-    and so does JAX's derivative machinery however it is reached
+    and so does JAX's derivative machinery reached through its API
     (:func:`beyondgrad.compat.derivatives_disabled`: a name imported before, a
-    transpose built before); with ``keep_linear_transpose``, ``jax.linearize`` and
+    transpose built or jitted before; not one compiled ahead of time); with ``keep_linear_transpose``, ``jax.linearize`` and
     ``jax.linear_transpose`` still run. ``clear_caches``: as in
     :func:`beyondgrad.compat.derivatives_disabled`."""
 
