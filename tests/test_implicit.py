@@ -1240,3 +1240,24 @@ def test_unrolled_memory_follows_max_iter_not_the_steps_taken():
     # ... yet the unrolled gradient stores max_iter steps; the implicit one does not
     assert temp("unrolled", 1000) > 5 * temp("unrolled", 100)
     assert temp("implicit", 1000) == temp("implicit", 100)
+
+
+def test_residual_norm_does_not_underflow_in_float32():
+    # x = x/2 + t with t = 1e-20 in float32: the residual at x0 = 0 is 1e-20, whose
+    # square underflows. A norm of squares read 0 and stopped at once with x = 0.
+    x, info = im.fixed_point(
+        lambda x, t: 0.5 * x + t,
+        jnp.zeros(3, jnp.float32),
+        jnp.float32(1e-20),
+        tol=1e-30,
+        max_iter=100,
+        throw=False,
+    )
+    assert int(info.iterations) > 0
+    np.testing.assert_allclose(np.asarray(x), 2e-20, rtol=1e-6)
+    # the norm itself, against float64 on the same entries
+    tree = {"a": jnp.full(3, 3e-20, jnp.float32), "b": jnp.float32(4e-20)}
+    want = np.sqrt(3 * 3e-20**2 + 4e-20**2)
+    np.testing.assert_allclose(float(im._tree_norm(tree)), want, rtol=1e-6)
+    assert float(im._tree_norm({"a": jnp.zeros(2)})) == 0.0
+    assert np.isinf(float(im._tree_norm(jnp.array([1.0, jnp.inf]))))

@@ -106,9 +106,16 @@ class SolverError(RuntimeError):
 
 
 def _tree_norm(tree: PyTree) -> jax.Array:
-    """Euclidean norm of all leaves of ``tree`` taken together."""
+    """Euclidean norm of all leaves of ``tree`` taken together.
+
+    Computed as ``m * ||tree / m||`` with ``m`` the largest ``|entry|``, so squares
+    do not underflow: a float32 residual of 1e-20 has norm 1e-20, not 0 (which would
+    stop a solve with ``tol`` below 1e-19 at once)."""
     leaves = jax.tree_util.tree_leaves(tree)
-    return jnp.sqrt(sum(jnp.sum(jnp.abs(leaf) ** 2) for leaf in leaves))
+    big = _tree_max_abs(tree)
+    scale = jnp.where((big > 0) & jnp.isfinite(big), big, jnp.ones_like(big))
+    unit = jnp.sqrt(sum(jnp.sum(jnp.abs(leaf / scale) ** 2) for leaf in leaves))
+    return jnp.where(jnp.isfinite(big), scale * unit, big)
 
 
 def _tree_max_abs(tree: PyTree) -> jax.Array:
