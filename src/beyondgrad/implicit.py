@@ -348,8 +348,9 @@ def dense_tangent_solve(g: Callable[[PyTree], PyTree], y: PyTree) -> PyTree:
 
     ``g`` is linear, so its Jacobian (built with ``jax.jacfwd`` on the flattened vector) is
     its matrix. Cost: ``n`` JVPs plus an ``O(n^3)`` solve, for ``n`` unknowns: small
-    problems only. For a pytree of real floating arrays: ``jax.jacfwd`` takes no
-    complex input.
+    problems only. For a pytree of real floating arrays: ``jax.jacfwd`` refuses
+    complex input unless told ``holomorphic=True``, and that matrix is wrong for a
+    ``g`` that is only real-linear (one using ``conj``).
 
     Args:
         g: A linear function on pytrees shaped like ``y`` (``custom_root`` passes
@@ -369,7 +370,7 @@ def dense_tangent_solve(g: Callable[[PyTree], PyTree], y: PyTree) -> PyTree:
     _checks.float_leaves(
         y,
         "y",
-        why="jax.jacfwd builds the matrix and takes no complex input",
+        why="jax.jacfwd builds the matrix, which is wrong for a real-linear g",
         where="dense_tangent_solve: ",
         fix="split a complex unknown into real and imaginary parts, or pass a "
         "matrix-free tangent_solver",
@@ -405,10 +406,10 @@ def iterative_tangent_solve(
     ``gmres`` treats a right-hand side whose norm is at most the dtype's machine
     epsilon as zero (an absolute threshold, ``1.2e-7`` in float32), so an unscaled
     solve returns an exact-zero gradient for a small cotangent; and squared norms,
-    which ``cg`` and ``gmres`` compute, underflow in float32 as the norm nears
-    ``1e-19`` (the square root of float32's smallest normal number): the solution
-    loses accuracy, then vanishes. The largest entry, unlike the norm, does not
-    underflow.
+    which ``cg`` and ``gmres`` compute, underflow in float32 as the entries near
+    ``1e-19`` (their squares fall below float32's smallest normal number, which XLA
+    on CPU flushes to zero), however large the norm: the solution loses accuracy,
+    then vanishes. The largest entry, unlike the squared norm, does not underflow.
 
     ``cg`` needs a symmetric definite ``A`` (positive or negative definite, e.g. the
     Hessian at a strict minimum); on an indefinite one it can return NaN without an
