@@ -11,6 +11,8 @@
     python3 dev.py chapter chapters/01_tracers.md   # execute one chapter, report errors and time
     python3 dev.py page chapters/01_tracers.md      # build only that chapter as a book, with -W
     python3 dev.py drift [--versions ...]  # probes under every JAX of tools/drift.py (drift.md)
+    python3 dev.py matrix [--points ...]   # every notebook, Run all, under every minor JAX
+                               # release supported (tools/matrix.py; the Tested-on table)
 
 Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
 --jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX; newest: uv.lock's
@@ -628,10 +630,19 @@ COMMANDS = [
 
 
 def main(argv: list[str]) -> int:
+    # Commands that need no environment of their own dispatch before one is built.
     if argv[:1] == ["drift"]:  # maintainers: probes under many JAX versions, own venvs
         from tools.drift import main as drift_main
 
         return drift_main(argv[1:])
+    if argv[:1] == ["matrix"]:  # every notebook under every minor JAX, own venvs
+        from tools.matrix import main as matrix_main
+
+        return matrix_main(argv[1:])
+    if argv[:1] == ["mutate"] and "--list" in argv:  # the table only: stdlib
+        from tools.mutate import main as mutate_main
+
+        return mutate_main(argv[1:])
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -672,10 +683,13 @@ def main(argv: list[str]) -> int:
         return cmd_book(py, ns.force, build, cache)
     if ns.command == "test":
         return cmd_test(py, ns.args, build, ns.jax, cache)
-    if ns.command == "sync":
-        return subprocess.run(
-            [str(py), "-m", "tools.book"], cwd=ROOT, env=run_env(build, cache=cache)
-        ).returncode
+    if ns.command == "sync":  # the notebooks, and requirements.txt from uv.lock
+        env = run_env(build, cache=cache)
+        env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
+        rc = subprocess.run([str(py), "-m", "tools.requirements"], cwd=ROOT, env=env)
+        if rc.returncode:
+            return rc.returncode
+        return subprocess.run([str(py), "-m", "tools.book"], cwd=ROOT, env=env).returncode
     if ns.command == "lint":
         return cmd_lint(py)
     if ns.command == "typecheck":

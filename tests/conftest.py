@@ -90,11 +90,28 @@ if _cache_dir:
     _keep_folx_probe(Path(_cache_dir))
 
 
+#: No test may hang CI: each test gets at most this many seconds (pytest-timeout).
+TEST_TIMEOUT_S = 900
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "no_compile_cache: run without JAX's persistent compilation cache",
     )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test without its own ``timeout`` marker gets :data:`TEST_TIMEOUT_S`, when
+    pytest-timeout is installed (the toolchain has it; a bare ``pytest`` without it runs
+    the same tests without a limit)."""
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
+    if config.getoption("timeout", None):  # --timeout on the command line wins
+        return
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
 
 
 def _observes_compilation(item) -> bool:

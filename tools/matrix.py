@@ -1,0 +1,352 @@
+"""The version matrix: every notebook, Run all, under every minor JAX release supported.
+
+    python3 dev.py matrix                   # every point of MATRIX, 2 notebooks at a time
+    python3 dev.py matrix --points 0.10.2@3.11 0.12.0.1@3.12 --jobs 1
+    python3 dev.py matrix --list            # the points, and which Pythons are found
+
+For each point (a JAX version on a Python version) it installs an environment with
+``dev.py --jax VERSION`` (uv.lock's toolchain, jax and jaxlib at that version; the
+floor point uses ``--jax floor``: every direct dependency at its lower bound), then runs
+*Run all* with Colab's semantics (:func:`tools.execute.run_all`: a fresh kernel, every
+cell in order, the first error stops the notebook) on every self-study notebook
+(``chapters/*.ipynb``: its solution cells call each checker on the book's own solution
+with ``strict=True``, so a rejected solution stops it) and every student notebook. Then,
+where the test file exists, the checker draws (``tests/test_checker_draws.py``:
+each checker on its own solution over ``--draws`` drawn cases).
+
+The result goes to ``records/matrix.json`` (one entry per point and notebook: reached
+the last cell, or the first failing cell and its error) and into the table on the
+"Tested on" page (``tested_on.md``, between the ``matrix`` markers), with the date and
+the commit it ran on. ``tests/test_matrix.py`` checks that the table is the record's.
+
+Standard library only in this process; the notebooks run in each point's environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime as _dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORD = ROOT / "records" / "matrix.json"
+PAGE = ROOT / "tested_on.md"
+START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of the matrix: a JAX release (or ``floor``) on a Python version."""
+
+    jax: str  # "floor" or "X.Y.Z"
+    python: str  # "3.11", "3.12"
+    why: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.jax}@{self.python}"
+
+    @property
+    def venv(self) -> Path:
+        return ROOT / f".venv-matrix-{self.jax}-py{self.python}"
+
+
+#: The supported range, one point per minor release (its latest patch), plus the lock's
+#: resolution on both Pythons. Python 3.11 stops at JAX 0.10.x (jax 0.11 needs 3.12).
+#: When JAX releases a new minor version, add its latest patch here.
+MATRIX: tuple[Point, ...] = (
+    Point("floor", "3.11", "the supported floor (0.8.2), every dependency at its floor"),
+    Point("0.9.2", "3.12", "the latest 0.9.x"),
+    Point("0.10.2", "3.11", "uv.lock's JAX on Python 3.11 (what a 3.11 newcomer gets)"),
+    Point("0.10.2", "3.12", "the latest 0.10.x on Colab's Python"),
+    Point("0.11.2", "3.12", "the latest 0.11.x"),
+    Point("0.12.0.1", "3.12", "the newest release (uv.lock's JAX on Python 3.12)"),
+)
+
+
+def find_python(version: str) -> str | None:
+    """An interpreter of ``version`` ("3.12"): pyenv's, else ``pythonX.Y`` on PATH."""
+    if shutil.which("pyenv"):
+        out = subprocess.run(
+            ["pyenv", "versions", "--bare"], capture_output=True, text=True
+        ).stdout.split()
+        for full in sorted(
+            (v for v in out if v.startswith(version + ".")),
+            key=lambda v: [int(x) for x in v.split(".") if x.isdigit()],
+            reverse=True,
+        ):
+            found = subprocess.run(
+                ["pyenv", "which", "python3"],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYENV_VERSION": full},
+            ).stdout.strip()
+            if found:
+                return found
+    return shutil.which(f"python{version}")
+
+
+def notebooks() -> list[Path]:
+    """Every self-study and student notebook, in chapter order."""
+    own = sorted((ROOT / "chapters").glob("*.ipynb"))
+    student = sorted((ROOT / "notebooks" / "student").glob("*.ipynb"))
+    return [*own, *student]
+
+
+def setup(point: Point) -> Path:
+    """Install the point's environment with dev.py (reused when nothing changed)."""
+    python = find_python(point.python)
+    if python is None:
+        raise SystemExit(f"[matrix] no Python {point.python} found (pyenv or PATH)")
+    cmd = [python, str(ROOT / "dev.py"), "--venv", str(point.venv)]
+    cmd += ["--jax", point.jax, "setup"]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return point.venv / "bin" / "python"
+
+
+#: Runs inside the point's environment: one notebook, Run all, a JSON line out.
+_WORKER = r"""
+import json, sys, time, traceback
+from pathlib import Path
+from tools.execute import RunAllStopped, run_all
+path = Path(sys.argv[1])
+t0 = time.perf_counter()
+try:
+    run_all(path, timeout=int(sys.argv[2]))
+    status, error = "ok", ""
+except RunAllStopped as e:
+    status, error = "stopped", str(e)
+except Exception as e:
+    status, error = "error", f"{type(e).__name__}: {e}"[-1500:]
+print("MATRIX-RESULT " + json.dumps({"status": status, "error": error,
+      "seconds": round(time.perf_counter() - t0, 1)}))
+"""
+
+_VERSIONS = (
+    "import importlib.metadata as m, platform, json\n"
+    "print(json.dumps({n: m.version(n) for n in ('jax', 'jaxlib', 'numpy', 'folx')}"
+    " | {'python': platform.python_version()}))"
+)
+
+
+def _env(point: Point) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    env["BEYONDGRAD_JAX"] = point.jax
+    env.pop("CI", None)  # a notebook run as a reader runs it
+    return env
+
+
+def run_notebook(py: Path, point: Point, path: Path, timeout: int) -> dict:
+    """Run all on one notebook in the point's environment; its result entry."""
+    out = subprocess.run(
+        [str(py), "-c", _WORKER, str(path), str(timeout)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=_env(point),
+    )
+    for line in out.stdout.splitlines():
+        if line.startswith("MATRIX-RESULT "):
+            entry = json.loads(line.removeprefix("MATRIX-RESULT "))
+            break
+    else:
+        entry = {
+            "status": "error",
+            "error": (out.stderr or out.stdout)[-1500:],
+            "seconds": None,
+        }
+    entry["notebook"] = path.relative_to(ROOT).as_posix()
+    return entry
+
+
+def checker_draws(py: Path, point: Point, draws: int) -> dict | None:
+    """Each checker on the book's own solution over ``draws`` drawn cases, if the test
+    file exists: its pytest summary line."""
+    test = ROOT / "tests" / "test_checker_draws.py"
+    if not test.exists() or draws <= 0:
+        return None
+    env = {**_env(point), "BEYONDGRAD_CHECKER_DRAWS": str(draws)}
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        [str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    tail = [ln for ln in out.stdout.splitlines() if ln.strip()][-1:]
+    return {
+        "draws": draws,
+        "returncode": out.returncode,
+        "summary": tail[0] if tail else out.stderr[-500:],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def run_point(point: Point, jobs: int, timeout: int, draws: int) -> dict:
+    print(f"[matrix] {point.name}: environment", flush=True)
+    py = setup(point)
+    versions = json.loads(
+        subprocess.run(
+            [str(py), "-c", _VERSIONS], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    results = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [
+            pool.submit(run_notebook, py, point, nb, timeout) for nb in notebooks()
+        ]
+        for f in futures:
+            entry = f.result()
+            print(
+                f"[matrix] {point.name} {entry['notebook']}: {entry['status']} "
+                f"({entry['seconds']} s) {entry['error'][:200]}",
+                flush=True,
+            )
+            results.append(entry)
+    draw = checker_draws(py, point, draws)
+    if draw is not None:
+        print(f"[matrix] {point.name} checker draws: {draw['summary']}", flush=True)
+    return {
+        "point": point.name,
+        "why": point.why,
+        "versions": versions,
+        "notebooks": results,
+        "checker_draws": draw,
+    }
+
+
+def git_commit() -> str:
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "chapters", "notebooks", "src"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout.strip()
+    return head + (" (with uncommitted changes)" if dirty else "")
+
+
+def _cell(entry: dict) -> str:
+    if entry["status"] == "ok":
+        return f"✓ {entry['seconds']:.0f} s"
+    first = entry["error"].splitlines()[0] if entry["error"] else entry["status"]
+    # "X.ipynb: Run all stopped at cell 41 (code cell 20 of 60) with Name: message"
+    if "Run all stopped at" in first:
+        first = first.split("Run all stopped at ", 1)[1]
+    first = first.replace("|", "\\|")
+    return f"✗ {first[:160]}"
+
+
+def render(record: dict) -> str:
+    """The Markdown table of the Tested-on page, from the record."""
+    points = record["points"]
+    head = ["notebook"] + [
+        f"JAX {p['versions']['jax']}, Python {p['versions']['python'][:4]}"
+        for p in points
+    ]
+    rows = [
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    names = [e["notebook"] for e in points[0]["notebooks"]] if points else []
+    for name in names:
+        cells = []
+        for p in points:
+            entry = next((e for e in p["notebooks"] if e["notebook"] == name), None)
+            cells.append("not run" if entry is None else _cell(entry))
+        rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    draws = [p.get("checker_draws") for p in points]
+    if any(draws):
+        cells = [
+            "not run"
+            if d is None
+            else f"{'✓' if d['returncode'] == 0 else '✗'} {d['summary']}"
+            for d in draws
+        ]
+        n = max(d["draws"] for d in draws if d)
+        rows.append(f"| checkers, {n} drawn cases each | " + " | ".join(cells) + " |")
+    lines = [
+        f"*Matrix run of {record['date']} on commit `{record['commit']}`* "
+        f"(`python3 dev.py matrix`; machine: {record['machine']}). ✓: Run all reached "
+        "the last cell (seconds: the whole notebook, on that machine); ✗: the first "
+        "cell that stopped it.",
+        "",
+        *rows,
+        "",
+        "numpy and folx at each point: "
+        + "; ".join(
+            f"JAX {p['versions']['jax']}: numpy {p['versions']['numpy']}, "
+            f"folx {p['versions']['folx']}"
+            for p in points
+        )
+        + ".",
+    ]
+    return "\n".join(lines)
+
+
+def write_page(record: dict) -> None:
+    text = PAGE.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        raise SystemExit(f"{PAGE.name} has no {START} ... {END} markers")
+    before, rest = text.split(START, 1)
+    _, after = rest.split(END, 1)
+    PAGE.write_text(
+        f"{before}{START}\n{render(record)}\n{END}{after}", encoding="utf-8"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", nargs="*", help="names like 0.10.2@3.11 (default: all)")
+    ap.add_argument("--jobs", type=int, default=2, help="notebooks run at once")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    ap.add_argument("--draws", type=int, default=200, help="checker draws per checker")
+    ap.add_argument("--list", action="store_true", help="print the points and exit")
+    ns = ap.parse_args(argv)
+    if ns.list:
+        for p in MATRIX:
+            print(f"{p.name:16s} {find_python(p.python) or 'NOT FOUND':40s} {p.why}")
+        return 0
+    chosen = [p for p in MATRIX if not ns.points or p.name in ns.points]
+    unknown = set(ns.points or ()) - {p.name for p in MATRIX}
+    if unknown:
+        raise SystemExit(f"[matrix] unknown points {sorted(unknown)}; see --list")
+    t0 = time.perf_counter()
+    record = {
+        "date": _dt.date.today().isoformat(),
+        "commit": git_commit(),
+        "machine": f"{os.cpu_count()} CPU cores, CPU only",
+        "points": [run_point(p, ns.jobs, ns.timeout, ns.draws) for p in chosen],
+    }
+    RECORD.parent.mkdir(exist_ok=True)
+    RECORD.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_page(record)
+    bad = [
+        f"{p['point']} {e['notebook']}"
+        for p in record["points"]
+        for e in p["notebooks"]
+        if e["status"] != "ok"
+    ]
+    print(
+        f"[matrix] {len(chosen)} point(s) in {time.perf_counter() - t0:.0f} s; "
+        f"{len(bad)} notebook(s) did not reach the last cell"
+        + ("".join(f"\n  {b}" for b in bad))
+    )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
