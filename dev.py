@@ -15,9 +15,10 @@
                                # release supported (tools/matrix.py; the Tested-on table)
 
 Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
---jax VERSION|floor|newest (default newest, or $BEYONDGRAD_JAX; newest: uv.lock's
-versions; floor: every direct dependency of pyproject.toml at its lower bound, the
-toolchain at uv.lock's versions), --force (book: re-execute every notebook, ignoring
+--jax VERSION|floor|lock|newest (default newest, or $BEYONDGRAD_JAX; newest: uv.lock's
+versions, upgraded past the lock on CI; lock: uv.lock's versions exactly, also on CI
+(what the README gives a newcomer); floor: every direct dependency of pyproject.toml at
+its lower bound, the toolchain at uv.lock's versions), --force (book: re-execute every notebook, ignoring
 the cache), --upgrade (newest: upgrade jax, jaxlib, folx and numpy past the lock to
 their newest releases; always on when CI=true, so CI's newest environment really is
 the newest).
@@ -252,7 +253,7 @@ def jax_requirements(spec: str) -> list[str]:
     """What is installed besides the lock: nothing (newest: uv.lock's jax, upgraded on
     CI), jaxlib at jax's floor (floor; the rest at their lower bounds by uv's
     ``lowest-direct``), or jax and jaxlib at a chosen version."""
-    if spec == "newest":
+    if spec in ("newest", "lock"):
         return []
     if spec == "floor":
         return [f"jaxlib=={jax_floor()}"]
@@ -654,7 +655,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--jax",
         default=os.environ.get("BEYONDGRAD_JAX", "newest"),
-        help="newest (default), floor, or X.Y.Z",
+        help="newest (default), lock, floor, or X.Y.Z",
     )
     ap.add_argument(
         "--force", action="store_true", help="book: re-execute every notebook"
@@ -689,7 +690,9 @@ def main(argv: list[str]) -> int:
         rc = subprocess.run([str(py), "-m", "tools.requirements"], cwd=ROOT, env=env)
         if rc.returncode:
             return rc.returncode
-        return subprocess.run([str(py), "-m", "tools.book"], cwd=ROOT, env=env).returncode
+        return subprocess.run(
+            [str(py), "-m", "tools.book"], cwd=ROOT, env=env
+        ).returncode
     if ns.command == "lint":
         return cmd_lint(py)
     if ns.command == "typecheck":

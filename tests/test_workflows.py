@@ -46,21 +46,27 @@ def test_readme_commands_are_the_two_commands():
     assert readme_commands() == ["python3 dev.py book", "python3 dev.py test"]
 
 
-def test_ci_workflow_runs_the_readme_commands_in_both_environments():
+def ci_environments() -> dict[str, dict]:
+    """.ci/run's ENVIRONMENTS table: name -> python, venv, jax, commands."""
+    table = re.search(r"^ENVIRONMENTS='\n(.*?)^'", CI_RUN.read_text(), re.S | re.M)
+    assert table, ".ci/run has no ENVIRONMENTS table"
+    envs = {}
+    for line in table.group(1).splitlines():
+        if line.strip():
+            name, python, venv, jax, *commands = line.split()
+            envs[name] = {"python": python, "venv": venv, "jax": jax, "cmds": commands}
+    return envs
+
+
+def test_ci_workflow_runs_each_environment_of_the_ci_script():
     wf = workflow("ci.yml")
     assert "pull_request" in wf["on"]
     (job,) = wf["jobs"].values()
-    envs = {(m["jax"], m["python"]) for m in job["strategy"]["matrix"]["include"]}
-    assert envs == {("newest", "3.12"), ("floor", "3.11")}  # as in .ci/run
-    assert (
-        job["env"]["BEYONDGRAD_JAX"] == "${{ matrix.jax }}"
-        and job["env"]["CI"] == "true"
-    )
-    lines = run_lines(job)
-    for command in readme_commands():
-        assert command in lines, f"ci.yml does not run {command!r}"
-    assert "python3 dev.py lint" in lines
-    assert "python3 dev.py typecheck" in lines
+    matrix = {(m["env"], m["python"]) for m in job["strategy"]["matrix"]["include"]}
+    table = {(n, e["python"]) for n, e in ci_environments().items()}
+    assert matrix == table  # one CI definition: the workflow runs .ci/run's table
+    assert job["env"]["CI"] == "true"
+    assert "bash .ci/run ${{ matrix.env }}" in run_lines(job)
 
 
 def test_publish_workflow_builds_main_and_deploys_the_html():
@@ -85,18 +91,41 @@ def test_publish_workflow_builds_main_and_deploys_the_html():
     )
 
 
-def test_ci_script_runs_lint_and_both_environments():
+def test_ci_script_runs_the_readme_commands_in_three_environments():
     text = CI_RUN.read_text()
     subprocess.run(["bash", "-n", str(CI_RUN)], check=True)
-    steps = re.findall(
-        r'^step "[^"]+" run_env "\$(py31\d)" (\S+) (\w+) (\w+)$', text, re.M
-    )
-    assert ("py312", ".venv-py312", "newest", "lint") in steps
-    assert ("py312", ".venv-py312", "newest", "typecheck") in steps
-    for env in (("py312", ".venv-py312", "newest"), ("py311", ".venv-floor", "floor")):
-        for command in ("book", "test"):
-            assert (*env, command) in steps, f".ci/run lacks {env[2]} {command}"
+    envs = ci_environments()
+    readme = [c.removeprefix("python3 dev.py ") for c in readme_commands()]
+    assert readme == ["book", "test"]
+    assert envs["newest"]["python"] == "3.12" and envs["newest"]["jax"] == "newest"
+    assert {"lint", "typecheck", "book", "test"} <= set(envs["newest"]["cmds"])
+    assert envs["floor"]["python"] == "3.11" and envs["floor"]["jax"] == "floor"
+    assert {"book", "test"} <= set(envs["floor"]["cmds"])
+    # what the README gives a newcomer whose python3 is 3.11: uv.lock, not upgraded
+    assert envs["lock"]["python"] == "3.11" and envs["lock"]["jax"] == "lock"
+    assert "test" in envs["lock"]["cmds"]
+    for env in envs.values():
+        assert env["cmds"][0] == "setup"
+    assert len({e["venv"] for e in envs.values()}) == len(envs)
     assert "export CI=true" in text
+
+
+def test_ci_script_refuses_an_unknown_environment():
+    out = subprocess.run(
+        ["bash", str(CI_RUN), "nosuchenv"], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "unknown environment 'nosuchenv'" in out.stdout
+
+
+def test_requirements_txt_is_uv_lock_exported():
+    from tools import requirements
+
+    assert requirements.PATH.exists(), (
+        "requirements.txt is missing: python3 dev.py sync"
+    )
+    assert requirements.PATH.read_text() == requirements.exported(), (
+        "requirements.txt is not uv.lock's export: run python3 dev.py sync"
+    )
 
 
 def test_environments_build_into_separate_folders():
@@ -132,8 +161,13 @@ def _calls(monkeypatch) -> list[list[str]]:
 
 @pytest.mark.parametrize(
     "ci, jax, upgraded",
-    [("true", "newest", True), ("", "newest", False), ("true", "floor", False)],
-    ids=["ci-newest", "local-newest", "ci-floor"],
+    [
+        ("true", "newest", True),
+        ("", "newest", False),
+        ("true", "floor", False),
+        ("true", "lock", False),
+    ],
+    ids=["ci-newest", "local-newest", "ci-floor", "ci-lock"],
 )
 def test_newest_is_upgraded_on_ci(monkeypatch, ci, jax, upgraded):
     monkeypatch.setenv("CI", ci)

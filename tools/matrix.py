@@ -63,7 +63,9 @@ class Point:
 #: resolution on both Pythons. Python 3.11 stops at JAX 0.10.x (jax 0.11 needs 3.12).
 #: When JAX releases a new minor version, add its latest patch here.
 MATRIX: tuple[Point, ...] = (
-    Point("floor", "3.11", "the supported floor (0.8.2), every dependency at its floor"),
+    Point(
+        "floor", "3.11", "the supported floor (0.8.2), every dependency at its floor"
+    ),
     Point("0.9.2", "3.12", "the latest 0.9.x"),
     Point("0.10.2", "3.11", "uv.lock's JAX on Python 3.11 (what a 3.11 newcomer gets)"),
     Point("0.10.2", "3.12", "the latest 0.10.x on Colab's Python"),
@@ -228,7 +230,10 @@ def run_point(point: Point, jobs: int, timeout: int, draws: int) -> dict:
 
 def git_commit() -> str:
     head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     ).stdout.strip()
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--", "chapters", "notebooks", "src"],

@@ -50,16 +50,20 @@ def teaching_path(text: str) -> str:
             opener = line.strip()
             # a MyST admonition/box (```{note}, ```{admonition}) holds prose: keep
             # its body, drop its options; a code block or code cell is dropped whole
-            if re.match(r"^(`{3,}|~{3,})\{(note|tip|important|warning|admonition|"
-                        r"seealso|attention|caution|hint|margin|sidebar|topic)\}",
-                        opener):
+            if re.match(
+                r"^(`{3,}|~{3,})\{(note|tip|important|warning|admonition|"
+                r"seealso|attention|caution|hint|margin|sidebar|topic)\}",
+                opener,
+            ):
                 boxes.append(m.group(1))
                 continue
             fence = m.group(1)
             continue
         stripped = line.strip()
         if stripped == "$$" or (stripped.startswith("$$") and not in_math):
-            in_math = not (stripped.endswith("$$") and len(stripped) > 2) and not in_math
+            in_math = (
+                not (stripped.endswith("$$") and len(stripped) > 2) and not in_math
+            )
             continue
         if in_math:
             if stripped.endswith("$$"):
@@ -75,7 +79,9 @@ def teaching_path(text: str) -> str:
     prose = re.sub(r"`[^`\n]+`", " CODE ", prose)
     prose = re.sub(r"\$[^$\n]+\$", " MATH ", prose)
     prose = re.sub(r"\]\([^)]*\)", "]", prose)  # link targets
-    prose = re.sub(r"\{[\w:-]+\}", " ", prose)  # roles ({glue:text}, {ref}) but keep text
+    prose = re.sub(
+        r"\{[\w:-]+\}", " ", prose
+    )  # roles ({glue:text}, {ref}) but keep text
     return prose
 
 

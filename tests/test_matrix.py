@@ -1,0 +1,79 @@
+"""The version matrix (tools/matrix.py, `python3 dev.py matrix`) and its record on the
+"Tested on" page."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tools import book, matrix
+
+
+def _locked_jax() -> set[str]:
+    text = (book.ROOT / "uv.lock").read_text()
+    return set(re.findall(r'\nname = "jax"\nversion = "([^"]+)"', text))
+
+
+def test_points_cover_the_floor_the_lock_and_every_minor_release_between():
+    names = {p.name for p in matrix.MATRIX}
+    assert "floor@3.11" in names
+    locked = _locked_jax()  # one per Python marker: 3.11's and 3.12's resolution
+    assert locked and all(
+        f"{v}@3.11" in names or f"{v}@3.12" in names for v in locked
+    ), f"uv.lock's JAX {sorted(locked)} must be matrix points"
+    minors = {tuple(p.jax.split(".")[:2]) for p in matrix.MATRIX if p.jax != "floor"}
+    floor_minor = tuple(book.jax_floor().split(".")[:2])
+    newest_minor = max(tuple(int(x) for x in m) for m in minors)
+    for minor in range(int(floor_minor[1]) + 1, newest_minor[1] + 1):
+        assert ("0", str(minor)) in minors, f"no point for JAX 0.{minor}.x"
+    assert len(names) == len(matrix.MATRIX)
+
+
+def test_every_notebook_is_in_the_matrix():
+    found = {p.relative_to(book.ROOT).as_posix() for p in matrix.notebooks()}
+    for source in book.chapter_sources():
+        assert f"chapters/{source.stem}.ipynb" in found
+    assert any(n.startswith("notebooks/student/") for n in found)
+
+
+def _record(status: str) -> dict:
+    entry = {"notebook": "chapters/01_x.ipynb", "seconds": 12.3, "status": status}
+    entry["error"] = (
+        ""
+        if status == "ok"
+        else "01_x.ipynb: Run all stopped at cell 7 (code cell 3 of 9) with "
+        "AssertionError: flops | 145920\n    assert ..."
+    )
+    versions = {"jax": "0.10.2", "python": "3.11.7", "numpy": "2", "folx": "0.2"}
+    return {
+        "date": "2026-11-28",
+        "commit": "abc1234",
+        "machine": "2 CPU cores, CPU only",
+        "points": [
+            {"point": "0.10.2@3.11", "versions": versions, "notebooks": [entry]}
+        ],
+    }
+
+
+def test_render_names_the_first_failing_cell_and_its_error():
+    ok = matrix.render(_record("ok"))
+    assert "✓ 12 s" in ok and "JAX 0.10.2, Python 3.11" in ok and "abc1234" in ok
+    bad = matrix.render(_record("stopped"))
+    assert "✗ cell 7 (code cell 3 of 9) with AssertionError: flops \\| 145920" in bad
+    assert "assert ..." not in bad  # one line per cell: the table stays a table
+
+
+def test_tested_on_shows_the_committed_record():
+    page = matrix.PAGE.read_text()
+    assert matrix.START in page and matrix.END in page
+    if not matrix.RECORD.exists():
+        pytest.skip("no matrix record committed yet")
+    record = json.loads(matrix.RECORD.read_text())
+    shown = page.split(matrix.START, 1)[1].split(matrix.END, 1)[0].strip()
+    assert shown == matrix.render(record).strip(), (
+        "tested_on.md's matrix table is not records/matrix.json's: "
+        "python3 -c 'import json; from tools import matrix; "
+        "matrix.write_page(json.loads(matrix.RECORD.read_text()))'"
+    )
