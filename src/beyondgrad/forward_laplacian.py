@@ -309,13 +309,23 @@ def _sum_axes(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
 # ----------------------------------------------------------------------------- rule bodies
 
 
-def _linear_rule(apply: Callable, ins: list, positions: tuple[int, ...]) -> list:
-    """``apply`` is linear in the inputs at ``positions`` (the others do not depend on r)."""
+def _linear_rule(
+    apply: Callable,
+    ins: list,
+    positions: tuple[int, ...],
+    tangent: Callable | None = None,
+) -> list:
+    """``apply`` is linear in the inputs at ``positions`` (the others do not depend on r).
+
+    ``tangent`` (default ``apply``) is the map applied to the Jacobian rows and the
+    Laplacian: it differs from ``apply`` where the primitive adds a constant (a
+    ``gather`` whose out-of-bounds slots take a fill value has derivative 0 there)."""
     vals = [_val(x) for x in ins]
     outs = apply(vals)
+    tangent = apply if tangent is None else tangent
 
     def with_(parts: dict[int, jax.Array]) -> list:
-        return apply(
+        return tangent(
             [parts.get(k, v) if k in positions else v for k, v in enumerate(vals)]
         )
 
@@ -1041,6 +1051,49 @@ def _reduce_chooser(eqn: Any, ins: list) -> list:
     return [Jet(ans, jac, lap)]
 
 
+class _WithParams(NamedTuple):
+    """An equation's primitive with changed parameters, for :func:`bind`."""
+
+    primitive: Primitive
+    params: dict[str, Any]
+
+
+def _gather(eqn: Any, ins: list) -> list:
+    """``gather``: linear in the operand, except that a slot out of bounds under
+    ``mode=FILL_OR_DROP`` takes ``fill_value`` (a constant, NaN by default): its
+    derivatives are 0, so the Jacobian rows and the Laplacian are gathered with fill
+    value 0 (as JAX's own JVP of ``gather`` does)."""
+    if _dep(ins) != [0]:
+        return _GENERIC(eqn, ins)
+    zero_fill = _WithParams(eqn.primitive, {**eqn.params, "fill_value": 0})
+    return _linear_rule(
+        functools.partial(bind, eqn),
+        ins,
+        (0,),
+        tangent=functools.partial(bind, zero_fill),
+    )
+
+
+def _scatter(eqn: Any, ins: list) -> list:
+    """``scatter`` (``x.at[i].set(y)``): jointly linear in the operand and the updates
+    when each slot is written at most once (``unique_indices``). With repeated
+    indices the slot keeps one of its updates, chosen by the backend: the generic
+    rule (JAX's own JVP, which tracks which update won) keeps the derivatives with
+    the value. An update function (``x.at[i].apply(fn)``: ``update_jaxpr``) has no
+    derivative in JAX (its JVP raises), and neither has it here."""
+    if eqn.params.get("update_jaxpr") is not None:
+        raise NotImplementedError(
+            "forward_laplacian: scatter with an update function (update_jaxpr, from "
+            "x.at[i].apply(fn)) has no derivative rule, in JAX or here; write "
+            "x.at[i].set(fn(x[i])) instead"
+        )
+    if not eqn.params.get("unique_indices", False):
+        return _GENERIC(eqn, ins)
+    if not set(_dep(ins)) <= {0, 2}:
+        return _GENERIC(eqn, ins)
+    return _linear_rule(functools.partial(bind, eqn), ins, (0, 2))
+
+
 # ----------------------------------------------------------------------------- custom_jvp
 # A ``custom_jvp_call`` keeps its custom rule (see the module docstring). Two kinds
 # of call have a structure the generic rule would throw away, and get it back here:
@@ -1120,14 +1173,49 @@ def _slogdet_rule(ins: list) -> list:
     return [sign, logdet]  # the sign of a real determinant is piecewise constant
 
 
+def _products_without(s: jax.Array, skip: int) -> jax.Array:
+    """Products of the entries of ``s`` (shape ``(..., n)``) with ``skip`` of them left
+    out, without division (exact when entries are 0): ``skip=1`` gives
+    ``m[..., i] = prod_{l != i} s_l``, ``skip=2`` gives ``M[..., i, j] =
+    prod_{l != i, j} s_l`` (the diagonal is ``m[..., i]``, unused)."""
+    n = s.shape[-1]
+    eye = np.eye(n, dtype=bool)
+    if skip == 1:
+        return jnp.prod(jnp.where(eye, 1, s[..., None, :]), axis=-1)
+    out = np.logical_or(eye[:, None, :], eye[None, :, :])  # l == i or l == j
+    return jnp.prod(jnp.where(out, 1, s[..., None, None, :]), axis=-1)
+
+
 def _det_rule(ins: list) -> list:
-    """``det = sign exp(L)``: jac ``det ∂L``, Laplacian ``det (ΔL + Σ_k (∂_k L)^2)``
-    (``A`` must be invertible: at a singular ``A`` the derivatives are not finite)."""
-    sign, logdet = _logdet_jet(ins[0])
-    val = sign * jnp.exp(logdet.val)
-    assert logdet.lap is not None
-    lap = val * (logdet.lap + _sum_axes(logdet.jac * logdet.jac, (0,)))
-    return [Jet(val, val * logdet.jac, lap)]
+    """``det A`` by the singular value decomposition ``A = U diag(s) V^T``, with no
+    division by ``det A`` or by a singular value, so it is exact at and near singular
+    matrices (two electrons at one point), as ``jax.hessian`` is.
+
+    With ``C = U^T B V`` for a direction ``B``, ``m_i = prod_{l != i} s_l`` and
+    ``M_ij = prod_{l != i, j} s_l`` and ``σ = det U det V = ±1``:
+    ``D det[B] = tr(adj(A) B) = σ Σ_i m_i C_ii`` and
+    ``D² det[B, B] = σ Σ_{i != j} M_ij (C_ii C_jj - C_ij C_ji)`` (for invertible ``A``
+    these are ``det A tr(A^{-1}B)`` and ``det A ((tr A^{-1}B)^2 - tr((A^{-1}B)^2))``).
+    So ``∂_k det = D det[A_k]`` and ``Δ det = D det[ΔA] + Σ_k D² det[A_k, A_k]``."""
+    (a,) = ins
+    u, s, vt = jnp.linalg.svd(a.val)
+    # det U, det V^T = ±1 (orthogonal, so perfectly conditioned)
+    sigma = jnp.sign(jnp.linalg.det(u) * jnp.linalg.det(vt)).astype(a.val.dtype)
+    m = _products_without(s, 1)
+    big_m = _products_without(s, 2)
+    val = sigma * jnp.prod(s, axis=-1)
+    c = jnp.einsum("...ji,k...jl,...ml->k...im", u, a.jac, vt)  # U^T A_k V
+    diag = jnp.diagonal(c, axis1=-2, axis2=-1)  # (d, ..., n)
+    jac = sigma * jnp.sum(m * diag, axis=-1)
+    pairs = diag[..., :, None] * diag[..., None, :] - c * jnp.swapaxes(c, -1, -2)
+    n = s.shape[-1]
+    off = ~np.eye(n, dtype=bool)
+    second = jnp.sum(jnp.where(off, big_m * pairs, 0), axis=(-2, -1))
+    lap = sigma * _sum_axes(second, (0,))
+    if a.lap is not None:
+        cl = jnp.einsum("...ji,...jl,...ml->...im", u, a.lap, vt)
+        lap = lap + sigma * jnp.sum(m * jnp.diagonal(cl, axis1=-2, axis2=-1), axis=-1)
+    return [Jet(val, jac, lap)]
 
 
 #: primitives a program may use and stay elementwise (with operands of one shape, or
@@ -1278,7 +1366,6 @@ _LINEAR_0 = [
     lax.cumsum_p,
     lax.reduce_precision_p,
     lax.dynamic_slice_p,
-    lax.gather_p,
     lax.sharding_constraint_p,
     lax.reduce_window_sum_p,
     lax.split_p,
@@ -1351,7 +1438,12 @@ RULES: dict[Primitive, Rule] = {
     lax.dynamic_update_slice_p: linear(0, 1),
     lax.scatter_add_p: linear(0, 2),
     lax.scatter_sub_p: linear(0, 2),
-    lax.scatter_p: linear(0, 2),
+    lax.scatter_p: custom(
+        _scatter,
+        "linear in operand and updates for unique indices; generic for repeated "
+        "ones; an update function raises",
+    ),
+    lax.gather_p: custom(_gather, "linear in the operand; filled slots have tangent 0"),
     lax.select_n_p: linear(all_from=1),  # the cases; the predicate is never a Jet
     lax.concatenate_p: linear(all_from=0),
     lax.device_put_p: linear(all_from=0),
