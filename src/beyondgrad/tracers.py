@@ -4,7 +4,8 @@ The reusable ideas of Chapter 1 ("Tracers and concreteness"):
 
 * :func:`transform` / :func:`inspect_transformations`: run a function under named
   transformations (``"jit"``, ``"grad"``, ``"vmap"``, ``"jvp"``, ``"vjp"``,
-  ``"linearize"`` and nestings such as ``"jit(grad)"``) and record what it received:
+  ``"linearize"``, ``"jacfwd"``, ``"jacrev"``, ``"hessian"`` and nestings such as
+  ``"jit(grad)"``) and record what it received:
   the tracer's type and aval, the chain of values inside it, whether a concrete
   value is reachable, which Python conversions work on it, and what the call raised.
   :func:`format_table` prints the observations.
@@ -132,13 +133,38 @@ def _wrap_linearize(g: Callable) -> Callable:
     return linear
 
 
+def _wrap_jacfwd(g: Callable) -> Callable:
+    def jacobian(*args: PyTree) -> PyTree:
+        return jax.jacfwd(_first_arg(g, args))(args[0])
+
+    return jacobian
+
+
+def _wrap_jacrev(g: Callable) -> Callable:
+    def jacobian(*args: PyTree) -> PyTree:
+        return jax.jacrev(_first_arg(g, args))(args[0])
+
+    return jacobian
+
+
+def _wrap_hessian(g: Callable) -> Callable:
+    def hessian(*args: PyTree) -> PyTree:
+        return jax.hessian(lambda a0: _total(g(a0, *args[1:])))(args[0])
+
+    return hessian
+
+
 #: The transformations :func:`transform` knows, composable as ``"outer(inner)"``. Each
 #: keeps the call signature ``f(*args)`` with unbatched arguments. With ``x = args[0]``
 #: and ``s(y)`` the sum of every entry of every output leaf:
 #: ``grad`` and ``vjp`` return ``∇_x s(f(x, ...))`` (the cotangent of ones pulled back),
 #: ``jvp`` and ``linearize`` return ``∂f(x, ...)·1`` (the tangent of ones pushed
-#: forward), and ``vmap`` maps over two stacked copies of every argument and returns
-#: the first row, so every transformation computes a value you can check by hand.
+#: forward), ``vmap`` maps over two stacked copies of every argument and returns
+#: the first row, ``jacfwd`` and ``jacrev`` return ``∂f/∂x`` and ``hessian`` returns
+#: ``∂²s(f(x, ...))/∂x²``, so every transformation computes a value you can check by
+#: hand. ``jacfwd`` is ``vmap`` of ``jvp`` over basis tangents, ``jacrev`` ``vmap`` of
+#: a VJP over basis cotangents, ``hessian`` ``jacfwd(jacrev)``: nestings in which the
+#: primal is not batched.
 BASE_TRANSFORMATIONS: dict[str, Callable[[Callable], Callable] | None] = {
     "eager": None,
     "jit": _wrap_jit,
@@ -147,6 +173,9 @@ BASE_TRANSFORMATIONS: dict[str, Callable[[Callable], Callable] | None] = {
     "jvp": _wrap_jvp,
     "vjp": _wrap_vjp,
     "linearize": _wrap_linearize,
+    "jacfwd": _wrap_jacfwd,
+    "jacrev": _wrap_jacrev,
+    "hessian": _wrap_hessian,
 }
 
 #: What the chapter's table shows: each transformation alone, then some nestings.
@@ -163,6 +192,9 @@ DEFAULT_TRANSFORMATIONS: tuple[str, ...] = (
     "vmap(grad)",
     "grad(vmap)",
     "jit(vmap)",
+    "jacfwd",
+    "jacrev",
+    "hessian",
 )
 
 
