@@ -52,6 +52,7 @@ import numpy as np
 from beyondgrad import _checks
 
 __all__ = [
+    "F64_UNIT_ROUNDOFF",
     "NOT_ATTEMPTED",
     "TIME_LIMIT",
     "ExerciseFailed",
@@ -68,6 +69,7 @@ __all__ = [
     "require_callable",
     "return_kind_problem",
     "run_with_time_limit",
+    "scaled_mismatches",
     "time_limit",
     "tree_mismatches",
     "verdict",
@@ -412,6 +414,71 @@ def tree_mismatches(
                 f"allowed {atol:g} + {rtol:g}*|expected|"
             )
     return problems
+
+
+#: The unit roundoff of float64, 2**-53: a correctly rounded operation errs by at most
+#: this much relative to its exact result. Tolerances that follow from an error count
+#: (``k`` roundings, each of at most ``F64_UNIT_ROUNDOFF`` of the magnitude it acts
+#: on) are written as multiples of it.
+F64_UNIT_ROUNDOFF = 2.0**-53
+
+
+def scaled_mismatches(
+    answer: Any,
+    reference: Any,
+    scale: Any,
+    *,
+    tol: float,
+    name: str = "answer",
+    scale_name: str = "the sum of the magnitudes of its terms",
+    allow_python_scalars: bool = True,
+) -> list[str]:
+    """Differences between ``answer`` and ``reference`` measured against ``scale``.
+
+    The test is ``|a - r| <= tol * scale`` entrywise, with ``scale`` (an array of
+    ``reference``'s shape, or a scalar) the magnitude a rounding error is made on, e.g.
+    ``sum_k |t_k|`` for ``r = sum_k t_k``: when the terms cancel, the rounding error of
+    a correct answer follows the terms, not the result. Kind, structure, shape, dtype
+    kind and non-finite values are checked first, as in :func:`tree_mismatches`.
+
+    Returns:
+        Messages (empty if the answer is within the tolerance).
+
+    Raises:
+        ValueError: ``tol`` negative, or ``scale`` negative or not finite.
+    """
+    if tol < 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
+    problems = tree_mismatches(
+        answer,
+        reference,
+        rtol=0.0,
+        atol=np.inf,
+        name=name,
+        allow_python_scalars=allow_python_scalars,
+    )
+    if problems:
+        return problems
+    s = np.broadcast_to(np.asarray(scale, np.float64), np.shape(reference))
+    if not np.all(np.isfinite(s)) or np.any(s < 0):
+        raise ValueError("scale must be finite and >= 0 (the checker's own error)")
+    r = np.asarray(reference)
+    finite = np.isfinite(r)
+    a64 = np.where(finite, np.asarray(answer), 0).astype(np.float64)
+    r64 = np.where(finite, r, 0).astype(np.float64)
+    err = np.abs(a64 - r64)
+    allowed = tol * s
+    if not np.any(err > allowed):
+        return []
+    i: tuple[Any, ...] = (
+        np.unravel_index(int(np.argmax(err - allowed)), err.shape) if err.ndim else ()
+    )
+    idx = f" at index {tuple(int(k) for k in i)}" if err.ndim else ""
+    return [
+        f"{name} differs from the reference{idx}: got {a64[i]:.9g} "
+        f"({np.asarray(answer).dtype}), expected {r64[i]:.9g} ({r.dtype}); error "
+        f"{err[i]:.2e}, allowed {tol:.2g} x {s[i]:.3g} ({scale_name})"
+    ]
 
 
 def _kind_of(x: Any) -> str | None:

@@ -605,6 +605,7 @@ def check_rebuilt_jacrev(
     answer: Callable[[Callable[[PyTree], PyTree], PyTree], PyTree],
     *,
     strict: bool = False,
+    seed: int | None = None,
 ) -> ex.Feedback:
     """Exercise 2.2: ``answer(f, params)``: the Jacobian of ``f``, as ``jax.jacrev``.
 
@@ -618,9 +619,10 @@ def check_rebuilt_jacrev(
     ``jax.linear_transpose`` and forward mode outside ``jax.linearize`` (also under a
     name imported before): the exercise is to build the Jacobian from
     ``jax.linearize`` and ``jax.linear_transpose``.
+    ``seed`` repeats a draw (tests, or a repeatable run); ``None`` draws afresh.
     """
     name = "Exercise 2.2, the Jacobian of a pytree-valued function"
-    rng = np.random.default_rng()
+    rng = ex.case_rng(seed)
     problems: list[str] = []
     sizes = [(int(rng.integers(2, 5)), int(rng.integers(2, 6))) for _ in range(2)]
     cases = [(f, n, h) for (n, h) in sizes for f in (exercise_losses, _exercise_triple)]
