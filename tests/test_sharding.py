@@ -616,3 +616,47 @@ def test_small_multiples_panels():
     fig = figures.layout_small_multiples(LAYOUT_CASES[:4])
     assert sum(ax.has_data() for ax in fig.axes) == 4
     plt.close(fig)
+
+
+HVP_FORMS = {
+    "sum(v * v)": lambda v: jnp.sum(v * v),
+    "sum(v ** 2)": lambda v: jnp.sum(v**2),
+    "v @ v": lambda v: v @ v,
+    "sum(lax.mul(v, v))": lambda v: jnp.sum(lax.mul(v, v)),
+    "lax.dot(v, v)": lambda v: lax.dot(v, v),
+    "mean(sin(v) * v**2)": lambda v: jnp.mean(jnp.sin(v) * v**2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HVP_FORMS))
+def test_hvp_direction_with_the_primal_type_matches_float64_blocks(name):
+    """Chapter 4's advice for Hessian-vector products inside shard_map: a direction
+    built with ones_like or cast to varying gives, on every JAX, the product computed
+    block by block without shard_map, in float64 (whatever an invariant direction does
+    on this JAX: it raises for some of these forms, differently by release)."""
+    f = HVP_FORMS[name]
+    mesh = runtime.demo_mesh(8, "data")
+    x = jnp.arange(16.0) / 4
+
+    def like(xb):
+        return jax.jvp(jax.grad(f), (xb,), (jnp.ones_like(xb),))[1]
+
+    def cast(xb):
+        d = compat.pcast_varying(jnp.ones(xb.shape), "data")
+        return jax.jvp(jax.grad(f), (xb,), (d,))[1]
+
+    with jax.enable_x64(True):
+        blocks = np.asarray(x, np.float64).reshape(8, -1)
+        ref = np.concatenate(
+            [
+                np.asarray(jax.jvp(jax.grad(f), (jnp.asarray(b),), (jnp.ones(2),))[1])
+                for b in blocks
+            ]
+        )
+    for fix in (like, cast):
+        got = jax.jit(
+            jax.shard_map(fix, mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+        )(x)
+        # float32: each entry is a sum of a few terms of size <= |x|^2 / 2 ~ 7 (the
+        # mean's 1/2 and sin/cos <= 1): rounding <= ~10 ulps of 7 ~ 1e-5
+        np.testing.assert_allclose(np.asarray(got, np.float64), ref, atol=1e-5, rtol=0)

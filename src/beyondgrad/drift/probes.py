@@ -47,6 +47,7 @@ CH2 = "chapters/02_linearize_transpose"
 CH3 = "chapters/03_implicit_diff"
 CH4 = "chapters/04_shard_map_vma"
 CH5 = "chapters/05_laplacians"
+APX_SHARDING = "appendix_sharding_types"
 
 #: Every probe, by id (its function's name), in registration order.
 PROBES: dict[str, Probe] = {}
@@ -920,7 +921,7 @@ def jvp_hole_lax_mul() -> str:
 
 
 @_probe(
-    CH4, "4.7 Loop carries", "fori_loop carry from invariant zeros plus a varying value"
+    CH4, "4.8 Loop carries", "fori_loop carry from invariant zeros plus a varying value"
 )
 def loop_carry_invariant_init() -> str:
     import jax.numpy as jnp
@@ -963,8 +964,8 @@ def _mesh_context(mesh):
 
 
 @_probe(
-    CH4,
-    "4.4 Collectives change the type",
+    APX_SHARDING,
+    "`pbroadcast`: a collective, and an old name for the cast",
     "lax.pbroadcast(a, ('data',), source=0) on a varying block: the result type "
     "(traced only: CPU has no lowering)",
 )
@@ -987,8 +988,8 @@ def pbroadcast_type() -> str:
 
 
 @_probe(
-    CH4,
-    "4.8 `check_vma=False`",
+    APX_SHARDING,
+    "The automatic casts: `jax_auto_pcast`",
     "the jax_auto_pcast option and its default value (where it exists)",
 )
 def auto_pcast_default() -> str:
@@ -1000,8 +1001,8 @@ def auto_pcast_default() -> str:
 
 
 @_probe(
-    CH4,
-    "4.8 `check_vma=False`",
+    APX_SHARDING,
+    "The automatic casts: `jax_auto_pcast`",
     "psum of an invariant value with jax_auto_pcast=False (the option, where it exists)",
 )
 def auto_pcast_off_psum_invariant() -> str:
@@ -1110,8 +1111,8 @@ def hvp_cast_direction() -> str:
 
 
 @_probe(
-    CH4,
-    "4.8 `check_vma=False`",
+    APX_SHARDING,
+    "`pmap` is a `shard_map` with the check off",
     "what jax.pmap traces to: a shard_map with check_vma=False, or xla_pmap",
 )
 def pmap_traces_to_shard_map() -> str:
@@ -1128,8 +1129,8 @@ def pmap_traces_to_shard_map() -> str:
 
 
 @_probe(
-    CH4,
-    "4.9 The global view: Auto, Explicit and Manual",
+    APX_SHARDING,
+    "The global view: Auto, Explicit and Manual",
     "typeof of an (8, 4) array put as P('x') on a 2x4 Explicit mesh, and of its "
     "block inside shard_map",
 )
@@ -1151,8 +1152,8 @@ def explicit_type_and_block() -> str:
 
 
 @_probe(
-    CH4,
-    "4.10 Unreduced and reduced",
+    APX_SHARDING,
+    "Unreduced and reduced",
     "a contraction over a sharded dimension with out_sharding P('x', None, "
     "unreduced={'y'}), then reshard to P('x', None)",
 )
@@ -1175,8 +1176,8 @@ def unreduced_contraction() -> str:
 
 
 @_probe(
-    CH4,
-    "4.10 Unreduced and reduced",
+    APX_SHARDING,
+    "Unreduced and reduced",
     "inside shard_map: grad with respect to a parameter cast to reduced, then psum",
 )
 def reduced_param_grad_type() -> str:
@@ -1200,8 +1201,8 @@ def reduced_param_grad_type() -> str:
 
 
 @_probe(
-    CH4,
-    "4.10 Unreduced and reduced",
+    APX_SHARDING,
+    "Unreduced and reduced",
     "shard_map out_specs P(None, unreduced={'data'}) for per-device partial sums, "
     "on an Explicit mesh, then reshard to P()",
 )
