@@ -11,7 +11,7 @@ floor point uses ``--jax floor``: every direct dependency at its lower bound), t
 cell in order, the first error stops the notebook) on every self-study notebook
 (``chapters/*.ipynb``: its solution cells call each checker on the book's own solution
 with ``strict=True``, so a rejected solution stops it) and every student notebook. Then,
-where the test file exists, the checker draws (``tests/test_checker_draws.py``:
+where the test file exists, the checker draws (``tests/test_exercises_draws.py``:
 each checker on its own solution over ``--draws`` drawn cases).
 
 The result goes to ``records/matrix.json`` (one entry per point and notebook: reached
@@ -174,7 +174,7 @@ def run_notebook(py: Path, point: Point, path: Path, timeout: int) -> dict:
 def checker_draws(py: Path, point: Point, draws: int) -> dict | None:
     """Each checker on the book's own solution over ``draws`` drawn cases, if the test
     file exists: its pytest summary line."""
-    test = ROOT / "tests" / "test_checker_draws.py"
+    test = ROOT / "tests" / "test_exercises_draws.py"
     if not test.exists() or draws <= 0:
         return None
     env = {**_env(point), "BEYONDGRAD_CHECKER_DRAWS": str(draws)}
