@@ -221,6 +221,8 @@ def run_point(point: Point, jobs: int, timeout: int, draws: int) -> dict:
         print(f"[matrix] {point.name} checker draws: {draw['summary']}", flush=True)
     return {
         "point": point.name,
+        "date": _dt.date.today().isoformat(),
+        "commit": git_commit(),
         "why": point.why,
         "versions": versions,
         "notebooks": results,
@@ -283,10 +285,27 @@ def render(record: dict) -> str:
         ]
         n = max(d["draws"] for d in draws if d)
         rows.append(f"| checkers, {n} drawn cases each | " + " | ".join(cells) + " |")
+    runs = sorted(
+        {
+            (p.get("date", record["date"]), p.get("commit", record["commit"]))
+            for p in points
+        }
+    )
+    when = "; ".join(
+        f"{date} on commit `{commit}` ("
+        + ", ".join(
+            p["point"]
+            for p in points
+            if (p.get("date", record["date"]), p.get("commit", record["commit"]))
+            == (date, commit)
+        )
+        + ")"
+        for date, commit in runs
+    )
     lines = [
-        f"*Matrix run of {record['date']} on commit `{record['commit']}`* "
-        f"(`python3 dev.py matrix`; machine: {record['machine']}). ✓: Run all reached "
-        "the last cell (seconds: the whole notebook, on that machine); ✗: the first "
+        f"*Matrix runs: {when}* (`python3 dev.py matrix`; machine: "
+        f"{record['machine']}, shared with other work, so the seconds are inflated). "
+        "✓: Run all reached the last cell (seconds: the whole notebook); ✗: the first "
         "cell that stopped it.",
         "",
         *rows,
@@ -330,18 +349,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"[matrix] unknown points {sorted(unknown)}; see --list")
     t0 = time.perf_counter()
+    ran = [run_point(p, ns.jobs, ns.timeout, ns.draws) for p in chosen]
+    # points not run now keep their earlier entry (each entry names its own commit)
+    kept = json.loads(RECORD.read_text())["points"] if RECORD.exists() else []
+    by_name = {p["point"]: p for p in kept} | {p["point"]: p for p in ran}
+    order = [p.name for p in MATRIX]
     record = {
         "date": _dt.date.today().isoformat(),
         "commit": git_commit(),
         "machine": f"{os.cpu_count()} CPU cores, CPU only",
-        "points": [run_point(p, ns.jobs, ns.timeout, ns.draws) for p in chosen],
+        "points": [by_name[n] for n in order if n in by_name],
     }
     RECORD.parent.mkdir(exist_ok=True)
     RECORD.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     write_page(record)
     bad = [
         f"{p['point']} {e['notebook']}"
-        for p in record["points"]
+        for p in ran
         for e in p["notebooks"]
         if e["status"] != "ok"
     ]
