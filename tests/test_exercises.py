@@ -223,3 +223,30 @@ def test_case_rng_draws_fresh_cases_unless_a_seed_is_given():
     assert ex.case_rng(3).integers(99) == ex.case_rng(3).integers(99)
     with pytest.raises(TypeError, match="seed must be an int or None"):
         ex.case_rng(1.5)
+
+
+def test_scaled_mismatches_measure_the_error_against_the_scale():
+    ref = np.array([1e-3, 2.0])  # a small result whose terms were of size 10
+    scale = np.array([10.0, 10.0])
+    assert ex.scaled_mismatches(ref + 0.9e-6, ref, scale, tol=1e-7) == []
+    (problem,) = ex.scaled_mismatches(ref + [2e-6, 0], ref, scale, tol=1e-7)
+    assert problem.startswith("answer differs from the reference at index (0,)")
+    assert "error 2.00e-06, allowed 1e-07 x 10 (the sum of the magnitudes" in problem
+
+
+def test_scaled_mismatches_check_kind_and_shape_first_and_refuse_a_bad_scale():
+    ref = np.ones(3)
+    assert ex.scaled_mismatches(np.ones(2), ref, 1.0, tol=1e-9) == [
+        "answer has shape (2,), expected (3,)"
+    ]
+    assert (
+        "Python float"
+        in ex.scaled_mismatches(
+            1.0, np.array(1.0), 1.0, tol=1e-9, allow_python_scalars=False
+        )[0]
+    )
+    assert ex.scaled_mismatches(1.0, np.array(1.0), 1.0, tol=1e-9) == []
+    with pytest.raises(ValueError, match="scale must be finite"):
+        ex.scaled_mismatches(ref, ref, -1.0, tol=1e-9)
+    with pytest.raises(ValueError, match="tol must be >= 0"):
+        ex.scaled_mismatches(ref, ref, 1.0, tol=-1.0)

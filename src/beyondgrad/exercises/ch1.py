@@ -77,6 +77,15 @@ FIX_JIT_MAX_N = ((3, 30), (60, 200))
 #: ``sin`` and their derivative (a product of up to 200 cosines) differ from float64 by
 #: at most 2.3e-6 relative (40 draws with ``n_max`` up to 200, measured on JAX 0.8.2 and
 #: 0.12); 1e-5 leaves a margin of about 4. The absolute part only matters at ``x = 0``.
+#: Error count (u32 = 2**-24): one step v <- sin(v) adds a rounding of <= u32 (plus
+#: sin's own ulp) to the relative error r and multiplies r by v cot(v) <= 1, which for
+#: the iterates v ~ sqrt(3 / k) is 1 - 1 / k: after n steps r is a sum of the n
+#: roundings weighted by k / n, <= n u32 / 2 if every rounding had the same sign
+#: (1.2e-5 at n = 200), about sqrt(n / 3) u32 (5e-7) for roundings of random sign, as
+#: measured; the derivative, a product of n cosines, likewise. 1e-5 sits between the
+#: random-sign size and the same-sign worst case (a float64 answer errs by ~1e-16 and
+#: passes); an answer one step off is off by 2e-3 or more (one step at n = 200 moves
+#: v ~ 0.12 by v^3 / 6 = 2.5e-3 of v).
 FIX_JIT_RTOL, FIX_JIT_ATOL = 1e-5, 1e-7
 #: Exercise 1.1: cases per check. The first two share their size and ``n_max`` (so the
 #: second must reuse the first's trace); the third has others.
@@ -460,6 +469,12 @@ BUMP_GRID: np.ndarray = np.concatenate(
 #: from float64 by at most 1.9e-6 (relative, measured on JAX 0.8.2 and 0.12 on the
 #: grid); 1e-5 leaves a margin of 5. The absolute part only forgives float32 flushing
 #: the subnormal e^-100 ≈ 3.7e-44 at x = 0.01 to zero.
+#: Error count (u32 = 2**-24, the grid points are float32 in both computations): the
+#: float32 -1/x is off by u32 relative, which exp turns into u32 / x relative, largest
+#: at the smallest normal case x = 0.02 (e^-50): 50 u32 = 3.0e-6; exp itself and the
+#: derivative's e^(-1/x) / x^2 add a few roundings of 2**-23 (~6e-7): <= 3.6e-6 in
+#: all, so 1e-5 is 2.8x above the worst case, and a wrong branch or threshold (off by
+#: the value itself at some grid point) is far outside.
 BUMP_RTOL, BUMP_ATOL = 1e-5, 1e-30
 
 

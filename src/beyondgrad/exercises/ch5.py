@@ -109,7 +109,7 @@ FL_TOL = 64 * ex.F64_UNIT_ROUNDOFF
 #: that, in both factors of X X: 12 rho u S <= 24 u S; the student's solve and dot,
 #: 2|u . c| (3 rho n cond + n) u P <= 14 u S: 44 u S in all; ROW_TOL = 64 u
 #: = 7.1e-15. Measured worst error, 300 draws (900 cases), answers by solve, inv,
-#: NumPy and autodiff: 1.84 u S (JAX 0.12.0.1), 1.47 u S (0.8.2): 35x inside. The
+#: NumPy and autodiff: 1.84 u S (JAX 0.12.0.1), 1.37 u S (0.8.2): 35x inside. The
 #: usual slips (sign, a factor, row for column) err by about |want| = (u . c)^2, above
 #: 64 u S unless |u . c| < 3e-7 P; float32 errs by ~2**-24 cond P^2.
 ROW_TOL = 64 * ex.F64_UNIT_ROUNDOFF
