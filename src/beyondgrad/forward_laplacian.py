@@ -1126,10 +1126,14 @@ def _find_custom_jvp(jaxpr: Any) -> Any:
 
 @functools.cache
 def _linalg_sources() -> dict[tuple[str | None, str | None], str]:
-    """The sources of JAX's own ``slogdet`` (LU) and ``det`` (n > 3) custom_jvp
-    functions, found by tracing the public functions once."""
+    """The sources of JAX's own ``slogdet`` (LU) and ``det`` (closed forms for n = 2,
+    3, LU beyond) custom_jvp functions, found by tracing the public functions once."""
     known = {}
-    for fn, n, kind in ((jnp.linalg.slogdet, 4, "slogdet"), (jnp.linalg.det, 4, "det")):
+    cases = (
+        (jnp.linalg.slogdet, 4, "slogdet"),
+        *((jnp.linalg.det, n, "det") for n in (2, 3, 4)),
+    )
+    for fn, n, kind in cases:
         eqn = _find_custom_jvp(jax.make_jaxpr(fn)(jnp.eye(n)).jaxpr)
         if eqn is not None and None not in compat.custom_jvp_sources(eqn):
             known[compat.custom_jvp_sources(eqn)] = kind
