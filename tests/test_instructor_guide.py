@@ -978,6 +978,60 @@ def test_workshop_timings_add_up():
     assert abs(as_minutes(head.group(2)) - day) <= 10, (head.group(2), day)
 
 
+def test_three_hour_plan_adds_up():
+    """The 3-hour table is contiguous from 0:00 to 3:00; each chapter row is its demo
+    plus the exercises it names, each with its statement's minutes; the measured time
+    to run the student notebook down to its exercises fits in the demo (students run it
+    while the demo goes on), and the notebook exists."""
+    text = GUIDE.read_text()
+    table = re.split(r"\n##", text.split("### Three-hour workshop")[1])[0]
+    rows = re.findall(
+        r"^\| (\d+):(\d\d)–(\d+):(\d\d) \| ([^|]+)\| ([^|]*)\| ([^|]*)\|",
+        table,
+        re.M,
+    )
+    assert rows, "no rows in the three-hour table"
+    spans = [
+        (int(h1) * 60 + int(m1), int(h2) * 60 + int(m2), what.strip(), ex, run)
+        for h1, m1, h2, m2, what, ex, run in rows
+    ]
+    assert spans[0][0] == 0 and spans[-1][1] == 180, "the plan is not 3 hours"
+    for a, b in zip(spans, spans[1:]):
+        assert a[1] == b[0], f"the table jumps from {a[2]} to {b[2]}"
+    chapters = set()
+    for start, end, what, ex, run in spans:
+        m = re.fullmatch(r"Chapter (\d)", what)
+        if not m:
+            continue
+        n = int(m.group(1))
+        chapters.add(n)
+        notebook = next((book.ROOT / "notebooks" / "student").glob(f"0{n}_*.ipynb"))
+        seconds = re.fullmatch(r"\s*(\d+) s\s*", run)
+        assert seconds, f"Chapter {n}: no measured notebook time in {run!r}"
+        if n == 0:
+            continue
+        demo = re.search(r"demo (\d+)", ex)
+        assert demo, f"Chapter {n}: no demo minutes in {ex!r}"
+        assert int(seconds.group(1)) <= int(demo.group(1)) * 60 // 2, (
+            f"Chapter {n}: {notebook.name} takes {seconds.group(1)} s to its "
+            f"exercises, more than half the {demo.group(1)}-minute demo"
+        )
+        named = re.findall(rf"\b{n}\.(\d) \((\d+)\)", ex)
+        assert named, f"Chapter {n}: no exercises in {ex!r}"
+        source = next(book.CHAPTERS.glob(f"0{n}_*.md")).read_text()
+        stated = _minutes(
+            r"\((?:about )?(\d+) minutes", source.split("## Exercises")[-1]
+        )
+        for k, minutes in named:
+            assert stated[int(k) - 1] == int(minutes), (
+                f"exercise {n}.{k}: the plan gives {minutes} min, its statement "
+                f"{stated[int(k) - 1]}"
+            )
+        used = int(demo.group(1)) + sum(int(mm) for _, mm in named)
+        assert used == end - start, f"Chapter {n}: {used} min in a {end - start} row"
+    assert {0, 1, 2, 4, 6} <= chapters, chapters
+
+
 def test_every_error_the_guide_names_is_on_its_chapter_page():
     """Each ``FooError`` a chapter section of the guide names appears in that chapter's
     source (a ``%%raises`` cell or its text) or in what its checkers print (quoted
