@@ -61,21 +61,22 @@ __all__ = [
 #: A solve stopped at a residual norm of 1e-10 is off by 3.4e-11 in x* and 6.6e-12 in
 #: the Jacobian, Newton at 1e-12 by 1e-16 (measured, JAX 0.8.2 and 0.12): about 10x.
 FIXED_POINT_TOL = 3e-10
-#: Exercise 3.2: X = A^{-1/2} and dX must agree to this (absolute + relative, float64),
-#: set far from both legitimate and wrong answers so that the verdict on an answer does
-#: not depend on the drawn matrices (the old 1e-12 passed a solve stopped at 1e-10, the
-#: number 3.1 uses, on 9 seeds of 12). A solve stopped at a residual R = X A X - I of
-#: norm r (Newton from I stays among matrices commuting with A, so R = 2 E A^{1/2} for
-#: an error E) is off by |E| <= r |A^{-1/2}| / 2 <= 0.71 r (eigenvalues of A in
-#: [0.5, 3]); the tangent, from the Sylvester equation dX A X + X A dX = -X dA X whose
-#: inverse has norm <= 1 / (2 sqrt(0.5)), moves by at most about 8 |dA| |E|. With the
-#: statement's r <= 1e-10: <= 7.1e-11 in X, a few 1e-10 in dX for drawn |dA| (a
-#: symmetric Gaussian, 4x4 at most). Measured worst, 300 draws (600 matrices), in
-#: this measure: root_find at tol 1e-10 1.9e-11 (X), 1.0e-11 (dX); at 1e-9 1.7e-10;
-#: at 1e-12 2.1e-13 (JAX 0.12.0.1; 0.8.2 alike): 500x inside. Wrong answers (the
-#: negative root, A^{1/2}, A^{-1}, a wrong tangent, a solve stopped at 1e-4) are off
-#: by 1e-5 or more: 1000x outside. Only a solver tolerance of about 1e-8 to 1e-6,
-#: which the statement rules out, lands on either side depending on the draw.
+# Exercise 3.2: X = A^{-1/2} and dX must agree to this (absolute + relative, float64),
+# set far from both legitimate and wrong answers so that the verdict on an answer does
+# not depend on the drawn matrices (the old 1e-12 passed a solve stopped at 1e-10, the
+# number 3.1 uses, on 9 seeds of 12). A solve stopped at a residual R = X A X - I of
+# norm r (Newton from I stays among matrices commuting with A, so R = 2 E A^{1/2} for
+# an error E) is off by |E| <= r |A^{-1/2}| / 2 <= 0.71 r (eigenvalues of A in
+# [0.5, 3]); the tangent, from the Sylvester equation dX A X + X A dX = -X dA X whose
+# inverse has norm <= 1 / (2 sqrt(0.5)), moves by at most about 8 |dA| |E|. With the
+# statement's r <= 1e-10: <= 7.1e-11 in X, a few 1e-10 in dX for drawn |dA| (a
+# symmetric Gaussian, 4x4 at most). Measured worst, 300 draws (600 matrices), in
+# this measure: root_find at tol 1e-10 1.9e-11 (X), 1.0e-11 (dX); at 1e-9 1.7e-10;
+# at 1e-12 2.1e-13 (JAX 0.12.0.1; 0.8.2 alike): 500x inside. Wrong answers (the
+# negative root, A^{1/2}, A^{-1}, a wrong tangent, a solve stopped at 1e-4) are off
+# by 1e-5 or more: 1000x outside. Only a solver tolerance of about 1e-8 to 1e-6,
+# which the statement rules out, lands on either side depending on the draw.
+#: The tolerance of the check (derived in the comment above).
 SQRTM_TOL = 1e-8
 #: Exercise 3.3: every entry of the gradient must agree to this times its largest
 #: entry (float64), plus :data:`TOLERANCE_FIX_ATOL`. Over 200 drawn b (JAX 0.8.2 and

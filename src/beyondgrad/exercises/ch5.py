@@ -77,41 +77,43 @@ ROW_SIZES = (2, 3, 4, 5, 6)
 
 Triple = tuple[jax.Array, jax.Array, jax.Array]
 
-#: Accuracy required (the statements and the checkers print them), float64, each a
-#: multiple of the unit roundoff u = 2**-53 (1.1e-16) from a count of roundings.
-#:
-#: Exercise 5.1: ``|got - want| <= FL_TOL * S`` entrywise, S the sum of the magnitudes
-#: of the terms the exact entry is made of (:func:`_fl_scale`), not ``|want|``: the
-#: Laplacian ``lu v + u lv + 2 sum_k gu_k gv_k`` cancels (lv = e (s^2 |x|^2 - d s) and
-#: gv_k = -s x_k e + V_k cancel inside too), and then its rounding error follows the
-#: terms, not the result (the old ``3e-15 (1 + |want|)`` rejected the book's own
-#: solution 1 call in 40 for that reason). Count, per entry, for the two independent
-#: computations compared (the student's formula on the triples of u and v, and
-#: jax.hessian of u v): the argument z = x W + c (d + 1 <= 6 roundings) and exp's
-#: argument, tanh and exp (<= 4 ulp each), the derivatives' products (<= 10 per Hessian
-#: entry, forward over reverse), the trace over d <= 5 variables (5), and the formula
-#: (d + 4 <= 9): about 25 per computation, 2 x 25 + 9 < 64 in all, each of at most u
-#: times a term's magnitude. FL_TOL = 64 u = 7.1e-15. Measured worst error of the
-#: book's formula, 300 draws (900 cases): 1.84 u S (JAX 0.12.0.1), 1.16 u S (0.8.2):
-#: 35x inside. A float32 answer errs by ~2**-24 S = 5e8 u S, and a missing or halved
-#: cross term by |sum_k gu_k gv_k|, a fraction of S far above 64 u for drawn weights:
-#: both are rejected (tests/test_exercises_ch5.py).
+# Accuracy required (the statements and the checkers print them), float64, each a
+# multiple of the unit roundoff u = 2**-53 (1.1e-16) from a count of roundings.
+#
+# Exercise 5.1: ``|got - want| <= FL_TOL * S`` entrywise, S the sum of the magnitudes
+# of the terms the exact entry is made of (:func:`_fl_scale`), not ``|want|``: the
+# Laplacian ``lu v + u lv + 2 sum_k gu_k gv_k`` cancels (lv = e (s^2 |x|^2 - d s) and
+# gv_k = -s x_k e + V_k cancel inside too), and then its rounding error follows the
+# terms, not the result (the old ``3e-15 (1 + |want|)`` rejected the book's own
+# solution 1 call in 40 for that reason). Count, per entry, for the two independent
+# computations compared (the student's formula on the triples of u and v, and
+# jax.hessian of u v): the argument z = x W + c (d + 1 <= 6 roundings) and exp's
+# argument, tanh and exp (<= 4 ulp each), the derivatives' products (<= 10 per Hessian
+# entry, forward over reverse), the trace over d <= 5 variables (5), and the formula
+# (d + 4 <= 9): about 25 per computation, 2 x 25 + 9 < 64 in all, each of at most u
+# times a term's magnitude. FL_TOL = 64 u = 7.1e-15. Measured worst error of the
+# book's formula, 300 draws (900 cases): 1.84 u S (JAX 0.12.0.1), 1.16 u S (0.8.2):
+# 35x inside. A float32 answer errs by ~2**-24 S = 5e8 u S, and a missing or halved
+# cross term by |sum_k gu_k gv_k|, a fraction of S far above 64 u for drawn weights:
+# both are rejected (tests/test_exercises_ch5.py).
+#: The tolerance of the check (derived in the comment above).
 FL_TOL = 64 * ex.F64_UNIT_ROUNDOFF
-#: Exercise 5.2: ``|got - want| <= ROW_TOL * S`` with S = n cond2(A) P^2, P =
-#: |u|_2 |A^{-1} e_i|_2 (:func:`_row_scale`), not ``|want|``: the answer -(u . c)^2,
-#: c = A^{-1} e_i, is small when u is nearly orthogonal to c, while JAX's reference,
-#: -tr(A^{-1} R A^{-1} R) with R = e_i u^T, sums n^2 products X_jk X_kj of X = c u^T
-#: that cancel down to it, each of magnitude up to P^2 (the old ``5e-15 (1 + |want|)``
-#: was 22x exceeded by the reference itself at seed 84, c = 0.0018, P = 2.0, checked
-#: against exact rational arithmetic). Count (n <= 6, growth factor rho <= 2 of LU
-#: with partial pivoting at these sizes): the reference's trace, n^2 terms, n^2 u P^2
-#: <= 6 u S; its two LU solves, backward error 3 n rho u each, forward cond(A) times
-#: that, in both factors of X X: 12 rho u S <= 24 u S; the student's solve and dot,
-#: 2|u . c| (3 rho n cond + n) u P <= 14 u S: 44 u S in all; ROW_TOL = 64 u
-#: = 7.1e-15. Measured worst error, 300 draws (900 cases), answers by solve, inv,
-#: NumPy and autodiff: 1.84 u S (JAX 0.12.0.1), 1.37 u S (0.8.2): 35x inside. The
-#: usual slips (sign, a factor, row for column) err by about |want| = (u . c)^2, above
-#: 64 u S unless |u . c| < 3e-7 P; float32 errs by ~2**-24 cond P^2.
+# Exercise 5.2: ``|got - want| <= ROW_TOL * S`` with S = n cond2(A) P^2, P =
+# |u|_2 |A^{-1} e_i|_2 (:func:`_row_scale`), not ``|want|``: the answer -(u . c)^2,
+# c = A^{-1} e_i, is small when u is nearly orthogonal to c, while JAX's reference,
+# -tr(A^{-1} R A^{-1} R) with R = e_i u^T, sums n^2 products X_jk X_kj of X = c u^T
+# that cancel down to it, each of magnitude up to P^2 (the old ``5e-15 (1 + |want|)``
+# was 22x exceeded by the reference itself at seed 84, c = 0.0018, P = 2.0, checked
+# against exact rational arithmetic). Count (n <= 6, growth factor rho <= 2 of LU
+# with partial pivoting at these sizes): the reference's trace, n^2 terms, n^2 u P^2
+# <= 6 u S; its two LU solves, backward error 3 n rho u each, forward cond(A) times
+# that, in both factors of X X: 12 rho u S <= 24 u S; the student's solve and dot,
+# 2|u . c| (3 rho n cond + n) u P <= 14 u S: 44 u S in all; ROW_TOL = 64 u
+# = 7.1e-15. Measured worst error, 300 draws (900 cases), answers by solve, inv,
+# NumPy and autodiff: 1.84 u S (JAX 0.12.0.1), 1.37 u S (0.8.2): 35x inside. The
+# usual slips (sign, a factor, row for column) err by about |want| = (u . c)^2, above
+# 64 u S unless |u . c| < 3e-7 P; float32 errs by ~2**-24 cond P^2.
+#: The tolerance of the check (derived in the comment above).
 ROW_TOL = 64 * ex.F64_UNIT_ROUNDOFF
 #: Exercise 5.3: ``|got - want| <= VAR_TOL (1 + max|want|)``, the maximum over the
 #: variance, or over all leaves of the gradient (its rounding error follows its largest

@@ -44,20 +44,21 @@ CLIP_SCALE = 3.0
 #: Cases per check; walkers per device are drawn from 2..7 and the hidden width of
 #: 6.2 from 2..6 (distinct sizes within one check), so no size can be hard-coded.
 CASES = 3
-#: Relative accuracy required, float64: ``|got - want| <= TOL * max|want|``, for both
-#: exercises. Error count (u = 2**-53), for each of the two computations compared:
-#: 6.1: the median is an entry (exact) or the mean of two (1 rounding); the MAD is a
-#: mean of N <= 56 terms |e - median| of one sign, off by <= (N + 2) u MAD whatever
-#: the summation order (pmean of per-device means included); the window's ends
-#: median +- 3 MAD then by <= (N + 4) u (|median| + 3 MAD) <= (N + 4) u max|want|, and
-#: a clipped energy is an end, an unclipped one exact: <= 60 u each, 120 u = 1.3e-14
-#: between two right answers. 6.2: an entry x_k (1 - tanh(z_h)^2), z = x W (3 terms,
-#: off by 3 u sum|x_k W_kh|, about 10 for Gaussian x and W), tanh (2 u) and 1 - t^2
-#: (2 u), so |x_k| (4 + 2 (3 sum|x W| + 2)) u, about 4 x 68 u, against a largest
-#: entry of 1 or more (some walker has |z| small and |x_k| ~ 2): ~270 u each, 540 u =
-#: 6e-14 between two. TOL is 16x the larger bound; answers with a slip (a per-device
-#: median, a standard deviation for the MAD, a scale of 2, a gradient summed over the
-#: devices) are off by more than 1e-3. The book's solutions measured below 1e-15.
+# Relative accuracy required, float64: ``|got - want| <= TOL * max|want|``, for both
+# exercises. Error count (u = 2**-53), for each of the two computations compared:
+# 6.1: the median is an entry (exact) or the mean of two (1 rounding); the MAD is a
+# mean of N <= 56 terms |e - median| of one sign, off by <= (N + 2) u MAD whatever
+# the summation order (pmean of per-device means included); the window's ends
+# median +- 3 MAD then by <= (N + 4) u (|median| + 3 MAD) <= (N + 4) u max|want|, and
+# a clipped energy is an end, an unclipped one exact: <= 60 u each, 120 u = 1.3e-14
+# between two right answers. 6.2: an entry x_k (1 - tanh(z_h)^2), z = x W (3 terms,
+# off by 3 u sum|x_k W_kh|, about 10 for Gaussian x and W), tanh (2 u) and 1 - t^2
+# (2 u), so |x_k| (4 + 2 (3 sum|x W| + 2)) u, about 4 x 68 u, against a largest
+# entry of 1 or more (some walker has |z| small and |x_k| ~ 2): ~270 u each, 540 u =
+# 6e-14 between two. TOL is 16x the larger bound; answers with a slip (a per-device
+# median, a standard deviation for the MAD, a scale of 2, a gradient summed over the
+# devices) are off by more than 1e-3. The book's solutions measured below 1e-15.
+#: The tolerance of the check (derived in the comment above).
 TOL = 1e-12
 
 
