@@ -200,7 +200,7 @@ def _fl_cases(
     rng = ex.case_rng(seed)
     dims = rng.choice(np.arange(2, FL_DIM + 1), size=FL_POINTS, replace=False)
     outs = rng.choice(FL_OUTPUTS, size=FL_POINTS, replace=False)
-    cases = []
+    cases: list[tuple[Triple, Triple, Triple, tuple[np.ndarray, ...]]] = []
     for d, m in zip(dims, outs):
         d, m = int(d), int(m)
         draw = [
@@ -381,7 +381,7 @@ def _row_reference(a: jax.Array, i: int, u: jax.Array) -> jax.Array:
     return jax.grad(jax.grad(along))(jnp.zeros((), a.dtype))
 
 
-def _row_scale(a: np.ndarray, i: int, u: np.ndarray) -> float:
+def _row_scale(a: Any, i: int, u: Any) -> float:
     """``n cond2(A) (|u|_2 |A^{-1} e_i|_2)^2``, the magnitude the rounding error of
     the row update's second derivative is made on (see :data:`ROW_TOL`)."""
     a = np.asarray(a, np.float64)
