@@ -84,7 +84,7 @@ def test_the_simulation_gives_one_default_device_and_8_cpu_devices(tmp_path):
     nb = run_with_one_default_device(path)
     text = "".join(o.get("text", "") for o in nb.cells[1].outputs)
     assert text.startswith("1 1 8\n"), text
-    assert re.search(r"make_mesh: Number of devices 1 must be >= 8", text), text
+    assert "make_mesh: Number of devices 1 must be >=" in text, text
     assert "demo_mesh: 8" in text
 
 
