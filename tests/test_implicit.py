@@ -1261,3 +1261,30 @@ def test_residual_norm_does_not_underflow_in_float32():
     np.testing.assert_allclose(float(im._tree_norm(tree)), want, rtol=1e-6)
     assert float(im._tree_norm({"a": jnp.zeros(2)})) == 0.0
     assert np.isinf(float(im._tree_norm(jnp.array([1.0, jnp.inf]))))
+
+
+def test_anderson_residual_does_not_underflow_in_float32():
+    # Anderson on x = x/2 + t, root 2t with t = 1e-20: its residual norm once squared
+    # 1e-20 (4e-40 underflows float32) and stopped at x0 = 0 reporting converged with
+    # residual 0. Reference: the same solve in float64, where nothing underflows.
+    def solve(dtype):
+        return im.fixed_point(
+            lambda x, t: 0.5 * x + t,
+            jnp.zeros(3, dtype),
+            jnp.asarray(1e-20, dtype),
+            solver="anderson",
+            tol=1e-27,
+            max_iter=100,
+            throw=False,
+        )
+
+    x32, info32 = solve(jnp.float32)
+    with jax.enable_x64(True):
+        x64, info64 = solve(jnp.float64)
+    # (the final residual may be exactly 0: the root can be hit exactly in float32)
+    assert int(info32.iterations) > 0 and bool(info32.converged)
+    # tol 1e-27 on ||r|| <= ||x - 2t|| / (1/2): |x - 2e-20| <= 2e-27 per entry,
+    # 1e-7 relative to the root, about float32's eps; rtol 1e-6 leaves rounding room
+    np.testing.assert_allclose(np.asarray(x32), np.asarray(x64), rtol=1e-6)
+    # float64 against the closed form: the same bound, |x - 2e-20| <= 2 * 1e-27
+    np.testing.assert_allclose(np.asarray(x64), 2e-20, rtol=1e-7)
