@@ -74,13 +74,7 @@ def _fl_scale_by_hand(w, c, s, vw, x):
 def test_fl_scale_matches_the_terms_written_out():
     rng = np.random.default_rng(0)
     d, m = 4, 3
-    draw = [
-        rng.normal(size=(d, m)),
-        rng.normal(size=m),
-        rng.uniform(0.5, 1.5, size=m),
-        rng.normal(size=(d, m)),
-        rng.uniform(-1.0, 1.0, size=d),
-    ]
+    draw = ch5._fl_draw(rng, d, m)
     np.testing.assert_allclose(
         ch5._fl_scale(*draw)[2], _fl_scale_by_hand(*draw), rtol=1e-14
     )

@@ -149,6 +149,18 @@ def _triple(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> Triple:
     return fn(x), jax.jacfwd(fn)(x).T, jnp.trace(hessian, axis1=1, axis2=2)
 
 
+def _fl_draw(rng: np.random.Generator, d: int, m: int) -> list[np.ndarray]:
+    """One drawn case of exercise 5.1 (float64): weights ``(d, m)``, biases ``(m,)``,
+    scales in [0.5, 1.5] ``(m,)``, second weights ``(d, m)`` and the point ``(d,)``."""
+    return [
+        rng.normal(size=(d, m)),
+        rng.normal(size=m),
+        rng.uniform(0.5, 1.5, size=m),
+        rng.normal(size=(d, m)),
+        rng.uniform(-1.0, 1.0, size=d),
+    ]
+
+
 @functools.partial(jax.jit, compiler_options=_FAST_COMPILE)
 def _fl_case(
     w: jax.Array, c: jax.Array, s: jax.Array, vw: jax.Array, x: jax.Array
@@ -203,13 +215,7 @@ def _fl_cases(
     cases: list[tuple[Triple, Triple, Triple, tuple[np.ndarray, ...]]] = []
     for d, m in zip(dims, outs):
         d, m = int(d), int(m)
-        draw = [
-            rng.normal(size=(d, m)),
-            rng.normal(size=m),
-            rng.uniform(0.5, 1.5, size=m),
-            rng.normal(size=(d, m)),
-            rng.uniform(-1.0, 1.0, size=d),
-        ]
+        draw = _fl_draw(rng, d, m)
         a, b, want = _fl_case(*(jnp.asarray(t, jnp.float64) for t in draw))
         cases.append((a, b, want, _fl_scale(*draw)))
     return cases
