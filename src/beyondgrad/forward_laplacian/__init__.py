@@ -151,6 +151,10 @@ The engine depends on :mod:`beyondgrad.compat`, ``beyondgrad._checks`` and
 from __future__ import annotations
 
 from beyondgrad.compat import Primitive
+
+# The registry before the other rule modules: it builds the table from all of them,
+# and control and interpreter, which call each other back at run time only (a body
+# is interpreted; the interpreter looks rules up), find it in place when imported.
 from beyondgrad.forward_laplacian import generic_rule as _generic_rule
 from beyondgrad.forward_laplacian import registry as _registry
 from beyondgrad.forward_laplacian.constructors import (
