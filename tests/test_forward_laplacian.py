@@ -829,3 +829,17 @@ def test_nested_loops_interpret_each_body_a_linear_number_of_times(monkeypatch):
 def test_swapped_arguments_get_our_error():
     with pytest.raises(TypeError, match=r"call forward_laplacian\(fn, r\)"):
         fl.forward_laplacian(jnp.ones(3), jnp.sin)
+
+
+def test_a_point_of_the_wrong_kind_or_shape_is_the_same_mistake_as_in_laplacian():
+    """One exception class for one mistake (issue 45 item 3): an integer point is a
+    TypeError (wrong kind) and a 2-D point a ValueError (wrong value) from
+    forward_laplacian as from laplacian(), each naming the fix."""
+    from beyondgrad import laplacian as L
+
+    f = lambda r: jnp.sum(r * r)  # noqa: E731
+    for call in (fl.forward_laplacian, L.laplacian):
+        with pytest.raises(TypeError, match=r"floating-point array .*astype"):
+            call(f, jnp.arange(3))
+        with pytest.raises(ValueError, match=r"must be a 1-D array .*reshape\(-1\)"):
+            call(f, jnp.ones((2, 3)))
