@@ -1034,7 +1034,6 @@ _NUMERIC_KINDS = {"bool", "int", "float", "complex", "_is_int", "_is_real"}
 # arguments in the wrong order, and the shape of a (function, args) pair
 _CALLABLE_ALLOWED = {
     ("slater.py", "_orbitals_first"),
-    ("forward_laplacian.py", "forward_jet"),
     ("measure.py", "_check_calls"),
 }
 # a recorded benchmark file read back (its content, not an argument: ValueError)

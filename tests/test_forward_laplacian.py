@@ -19,6 +19,9 @@ from jax.extend.core import Primitive
 
 from beyondgrad import compat, slater, wavefunctions
 from beyondgrad import forward_laplacian as fl
+from beyondgrad.forward_laplacian import generic_rule as fl_generic_rule
+from beyondgrad.forward_laplacian import interpreter as fl_interpreter
+from beyondgrad.forward_laplacian import registry as fl_registry
 from tools import book, rule_coverage
 
 R = (0.3, -0.7, 0.45)
@@ -47,7 +50,7 @@ def no_generic(monkeypatch):
     def refuse(apply, ins):
         raise AssertionError("the generic rule was used")
 
-    monkeypatch.setattr(fl, "_generic_rule", refuse)
+    monkeypatch.setattr(fl_generic_rule, "generic_rule", refuse)
 
 
 # --- (a) the table's keys --------------------------------------------------------------------
@@ -157,7 +160,7 @@ def test_every_primitive_of_the_differentiated_functions_has_a_rule_or_a_fallbac
 def test_the_generic_rule_warns_once_per_primitive_and_is_right():
     prim = lax.nextafter_p  # stands in for a primitive nobody wrote a rule for
     with fl.rules_overridden({}):
-        fl._WARNED.discard(lax.cos_p)
+        fl_registry.WARNED.discard(lax.cos_p)
         del fl.RULES[lax.cos_p]  # restored on exit
         f = lambda r: jnp.cos(r) * r[0]  # noqa: E731
         with jax.enable_x64(True), warnings.catch_warnings(record=True) as got:
@@ -404,7 +407,9 @@ def test_unstack_has_a_linear_rule_and_matches_the_hessian_trace(point, no_gener
     emitted = _primitives(jax.make_jaxpr(_unstacked)(jnp.ones(3)), set())
     if prim is not None:
         assert prim in emitted and fl.RULES[prim].kind == "linear"
-        fl._WARNED.discard(prim)  # a warning issued before this test would hide one
+        fl_registry.WARNED.discard(
+            prim
+        )  # a warning issued before this test would hide one
     with jax.enable_x64(True), warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         lap = _check(_unstacked, jnp.array(point))
@@ -779,7 +784,7 @@ def test_a_dominant_generic_rule_warns_even_for_a_fallback():
         a = jnp.outer(r, r) + 3.0 * jnp.eye(r.shape[0])
         return jnp.sum(jnp.linalg.cholesky(a))
 
-    fl._WARNED_SHARE.discard(("cholesky",))
+    fl_interpreter.WARNED_SHARE.discard(("cholesky",))
     with pytest.warns(fl.GenericRuleWarning, match=r"about \d+% .*cholesky"):
         fl.forward_laplacian(f, jnp.ones(5))
     with warnings.catch_warnings():
@@ -795,13 +800,13 @@ def test_nested_loops_interpret_each_body_a_linear_number_of_times(monkeypatch):
     in all (masks found once per body and cached; a body traced only for its mask
     does not trace the loops inside it). Without that: 4, 13, 40, 121 (x3 a level)."""
     calls = []
-    interpret = fl._interpret
+    interpret = fl_interpreter.interpret
 
     def counting(*args):
         calls.append(1)
         return interpret(*args)
 
-    monkeypatch.setattr(fl, "_interpret", counting)
+    monkeypatch.setattr(fl_interpreter, "interpret", counting)
 
     def nested(depth):
         f = lambda i, x: jnp.sin(x) * 1.01  # noqa: E731
@@ -817,10 +822,24 @@ def test_nested_loops_interpret_each_body_a_linear_number_of_times(monkeypatch):
         counts.append(len(calls))
     assert counts == [3, 5, 7, 9]
     with jax.enable_x64(True):
-        monkeypatch.setattr(fl, "_interpret", interpret)
+        monkeypatch.setattr(fl_interpreter, "interpret", interpret)
         _check(nested(3), jnp.array(R))
 
 
 def test_swapped_arguments_get_our_error():
     with pytest.raises(TypeError, match=r"call forward_laplacian\(fn, r\)"):
         fl.forward_laplacian(jnp.ones(3), jnp.sin)
+
+
+def test_a_point_of_the_wrong_kind_or_shape_is_the_same_mistake_as_in_laplacian():
+    """One exception class for one mistake (issue 45 item 3): an integer point is a
+    TypeError (wrong kind) and a 2-D point a ValueError (wrong value) from
+    forward_laplacian as from laplacian(), each naming the fix."""
+    from beyondgrad import laplacian as L
+
+    f = lambda r: jnp.sum(r * r)  # noqa: E731
+    for call in (fl.forward_laplacian, L.laplacian):
+        with pytest.raises(TypeError, match=r"floating-point array .*astype"):
+            call(f, jnp.arange(3))
+        with pytest.raises(ValueError, match=r"must be a 1-D array .*reshape\(-1\)"):
+            call(f, jnp.ones((2, 3)))

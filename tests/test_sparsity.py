@@ -15,6 +15,7 @@ from jax import lax
 
 from beyondgrad import all_electron, laplacian
 from beyondgrad import forward_laplacian as fl
+from beyondgrad.forward_laplacian import cost as fl_cost
 
 N = 4  # electrons in the small cases (d = 12)
 
@@ -283,7 +284,7 @@ def test_sparsity_cuts_compiled_flops_and_temporaries():
             .lower(x)
             .compile()
         )
-        flops = fl._flops(compiled)
+        flops = fl_cost.compiled_flops(compiled)
         return flops, compiled.memory_analysis().temp_size_in_bytes
 
     (flops_dense, temp_dense), (flops_sparse, temp_sparse) = measure(None), measure(n)

@@ -290,3 +290,96 @@ def float_leaves(
                 f"{where}{name}{jax.tree_util.keystr(path)} has dtype {dtype}; every "
                 f"leaf of {name} must be a {kind} array{because}: {fix}"
             )
+
+
+def instance(value: object, kind: type | tuple[type, ...], message: str) -> None:
+    """``TypeError(message)`` unless ``value`` is an instance of ``kind``.
+
+    Args:
+        value: the argument.
+        kind: the class (or classes) it must be an instance of.
+        message: the whole message: the argument, what was given and the fix.
+    """
+    if not isinstance(value, kind):
+        raise TypeError(message)
+
+
+def function_first(fn: object, value: object, call: str) -> None:
+    """``TypeError`` when a function and a value were passed the wrong way round: a
+    value where the function goes and a function where the value goes.
+
+    Args:
+        fn: the argument that must be the function.
+        value: the argument that must not be.
+        call: the right call, e.g. ``"forward_laplacian(fn, r)"``.
+    """
+    if callable(value) and not callable(fn):
+        name = call.split("(")[0]
+        order = call[len(name) :]
+        raise TypeError(
+            f"{name} takes {order}: got an array first and a function second; "
+            f"call {call}"
+        )
+
+
+def point(value: object, name: str, *, batch: str = "", where: str = "") -> jax.Array:
+    """``value`` as a 1-D floating-point array: ``ValueError`` for another shape (a
+    wrong value), ``TypeError`` for an integer, boolean or complex dtype (a wrong
+    kind).
+
+    Args:
+        value: the argument (anything ``jnp.asarray`` takes).
+        name: its name, for the message.
+        batch: more advice for a batch of points, appended to the shape message
+            (e.g. ``"; for a batch of points use jax.vmap over laplacian"``).
+        where: a prefix naming the checking function.
+
+    Returns:
+        ``jnp.asarray(value)``.
+    """
+    x = jnp.asarray(value)
+    if x.ndim != 1:
+        raise ValueError(
+            f"{where}{name} must be a 1-D array (flatten it, e.g. {name}.reshape(-1)), "
+            f"got shape {x.shape}{batch}"
+        )
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(
+            f"{where}{name} must be a floating-point array (e.g. "
+            f"{name}.astype(jnp.float32)), got dtype {x.dtype}"
+        )
+    return x
+
+
+def divisor(
+    value: object,
+    total: int,
+    name: str,
+    *,
+    total_name: str,
+    meaning: str = "",
+    fix: str = "",
+    where: str = "",
+) -> int:
+    """``value`` as a positive int dividing ``total``: ``TypeError`` unless a Python
+    int (not bool), ``ValueError`` if below 1 or not a divisor of ``total``.
+
+    Args:
+        value: the argument.
+        total: the number it must divide.
+        name: its name, for the message.
+        total_name: what ``total`` is, e.g. ``"the input size d"``.
+        meaning: what the number counts, for the kind message.
+        fix: what to pass instead, appended to the divisor message.
+        where: a prefix naming the checking function.
+
+    Returns:
+        ``value``.
+    """
+    count = integer(value, name, minimum=1, meaning=meaning, where=where)
+    if total % count:
+        hint = f"; {fix}" if fix else ""
+        raise ValueError(
+            f"{where}{name}={value} does not divide {total_name} = {total}{hint}"
+        )
+    return count

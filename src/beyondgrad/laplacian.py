@@ -72,7 +72,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from beyondgrad import _checks, compat
-from beyondgrad.forward_laplacian import basis, forward_laplacian
+from beyondgrad.forward_laplacian import forward_laplacian
 
 __all__ = [
     "METHODS",
@@ -207,18 +207,9 @@ def _check_options(method: str, given: dict[str, object]) -> None:
 
 
 def _check_point(x: object) -> jax.Array:
-    x = jnp.asarray(x)
-    if x.ndim != 1:
-        raise ValueError(
-            f"x must be a 1-D array (flatten it, e.g. x.reshape(-1)), got shape "
-            f"{x.shape}; for a batch of points use jax.vmap over laplacian"
-        )
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(
-            "x must be a floating-point array (e.g. x.astype(jnp.float32)), got dtype "
-            f"{x.dtype}"
-        )
-    return x
+    return _checks.point(
+        x, "x", batch="; for a batch of points use jax.vmap over laplacian"
+    )
 
 
 def _check_input(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
@@ -235,6 +226,31 @@ def _check_input(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array
             "integer f has no derivatives)"
         )
     return x
+
+
+def basis(x: jax.Array) -> jax.Array:
+    """The identity basis ``eye(d)`` of ``x``'s space, with ``x``'s dtype and varying axes.
+
+    Inside ``shard_map`` a tangent must have the same varying type as its primal; a bare
+    ``jnp.eye`` is invariant, so it is cast to the axes of ``x`` here.
+
+    Args:
+        x: a 1-D array of length ``d`` (its values are not read); floating-point for
+            use as tangents.
+
+    Returns:
+        The ``(d, d)`` identity matrix of ``x``'s dtype, row ``i`` the unit vector
+        :math:`e_i`, varying over the mesh axes ``x`` varies over.
+
+    Raises:
+        ValueError: ``x`` is not 1-D (the message gives its shape).
+    """
+    if jnp.ndim(x) != 1:
+        raise ValueError(
+            f"basis needs a 1-D x (the point whose space it spans), got shape "
+            f"{jnp.shape(x)}; flatten it first, e.g. x.reshape(-1)"
+        )
+    return compat.varying_like(jnp.eye(x.shape[0], dtype=x.dtype), x)
 
 
 def grad_and_laplacian(

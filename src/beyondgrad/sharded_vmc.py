@@ -47,9 +47,9 @@ from jax.flatten_util import ravel_pytree
 from beyondgrad import _checks, compat
 from beyondgrad.forward_laplacian import forward_laplacian
 from beyondgrad.vmc import (
-    _check_log_psi,
-    _check_walkers,
-    _metropolis_step,
+    check_log_psi,
+    check_walkers,
+    metropolis_step,
     potential_energy,
 )
 from beyondgrad.wavefunctions import Params
@@ -136,15 +136,15 @@ def metropolis(
         ValueError: walkers not ``(B, n, 3)``; ``steps`` or ``step_size`` not
             positive.
     """
-    _check_log_psi(log_psi)
-    walkers = _check_walkers(walkers)
+    check_log_psi(log_psi)
+    walkers = check_walkers(walkers)
     _check_axis_name(axis_name)
     _checks.integer(steps, "steps", minimum=1, where="metropolis: ")
     _checks.number(step_size, "step_size", above=0, where="metropolis: ")
     if axis_name is not None:
         key = jax.random.fold_in(key, lax.axis_index(axis_name))
     batch = jax.vmap(log_psi, in_axes=(None, 0))
-    step = _metropolis_step(batch, params, step_size)  # the move of vmc's chain
+    step = metropolis_step(batch, params, step_size)  # the move of vmc's chain
     zero = jnp.zeros((), walkers.dtype)
     if axis_name is not None:
         zero = compat.pcast_varying(zero, axis_name)  # the carry varies per device
@@ -177,8 +177,8 @@ def local_energies(
         TypeError: ``log_psi`` not callable; integer walkers.
         ValueError: walkers not ``(B, n, 3)``.
     """
-    _check_log_psi(log_psi)
-    walkers = _check_walkers(walkers)
+    check_log_psi(log_psi)
+    walkers = check_walkers(walkers)
     shape = walkers.shape[1:]
 
     def one(x: jax.Array) -> jax.Array:
@@ -257,8 +257,8 @@ def per_walker_grads(
         TypeError: ``log_psi`` not callable; integer walkers; a bad ``axis_name``.
         ValueError: walkers not ``(B, n, 3)``.
     """
-    _check_log_psi(log_psi)
-    walkers = _check_walkers(walkers)
+    check_log_psi(log_psi)
+    walkers = check_walkers(walkers)
     _check_axis_name(axis_name)
     _, unravel = ravel_pytree(params)
     if axis_name is not None:

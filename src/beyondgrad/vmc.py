@@ -143,7 +143,7 @@ def local_energy(
             them), an unknown method, a key missing or given to the wrong method.
         TypeError: ``log_psi`` not callable, integer positions, a bad key or omega.
     """
-    _check_log_psi(log_psi)
+    check_log_psi(log_psi)
     positions = check_positions(positions)
     omega = _check_omega(omega)
     check_method(method)
@@ -301,7 +301,13 @@ class _CompiledPerFunction:
 _PROGRAMS = _CompiledPerFunction()
 
 
-def _check_log_psi(log_psi: object) -> None:
+def check_log_psi(log_psi: object) -> None:
+    """``TypeError`` unless ``log_psi`` is callable (``vmc`` and ``sharded_vmc`` check
+    their ``log_psi`` here).
+
+    Args:
+        log_psi: the argument, a function ``log_psi(params, positions) -> scalar``.
+    """
     _checks.function(
         log_psi,
         "log_psi",
@@ -310,7 +316,16 @@ def _check_log_psi(log_psi: object) -> None:
     )
 
 
-def _check_walkers(walkers: object) -> jax.Array:
+def check_walkers(walkers: object) -> jax.Array:
+    """``walkers`` as an array of shape ``(batch, n, 3)``, ``batch, n >= 1``
+    (``ValueError`` otherwise) and floating-point (``TypeError`` otherwise).
+
+    Args:
+        walkers: the argument, one ``(n, 3)`` configuration per walker.
+
+    Returns:
+        ``walkers`` as a ``jax.Array``.
+    """
     walkers = walkers if isinstance(walkers, jax.Array) else jnp.asarray(walkers)
     if walkers.ndim != 3 or walkers.shape[2] != 3:
         raise ValueError(
@@ -382,8 +397,8 @@ def sample_walkers(
             positive, ``log_psi`` not scalar on one walker, or parameters made for
             another number of electrons (when ``log_psi`` checks them).
     """
-    _check_log_psi(log_psi)
-    walkers = _check_walkers(walkers)
+    check_log_psi(log_psi)
+    walkers = check_walkers(walkers)
     check_key(key)
     _check_positive_int(steps, "steps", "the number of Metropolis steps")
     _checks.number(
@@ -395,7 +410,7 @@ def sample_walkers(
     return chain(params, walkers, key, jnp.asarray(step_size, walkers.dtype))
 
 
-def _metropolis_step(
+def metropolis_step(
     batch_log_psi: Callable[[Params, jax.Array], jax.Array],
     params: Params,
     sigma: jax.Array | float,
@@ -436,7 +451,7 @@ def _metropolis(get_log_psi: Callable[[], Callable], *, steps: int) -> Callable:
         log_psi = get_log_psi()
         _check_wavefunction(log_psi, params, walkers[0])  # at trace time only
         batch_log_psi = jax.vmap(log_psi, in_axes=(None, 0))
-        step = _metropolis_step(batch_log_psi, params, sigma)
+        step = metropolis_step(batch_log_psi, params, sigma)
         init = (walkers, batch_log_psi(params, walkers), jnp.zeros((), walkers.dtype))
         (x, _, accepted), _ = jax.lax.scan(step, init, jax.random.split(key, steps))
         return x, accepted / steps
@@ -571,7 +586,7 @@ def _check_step_input(
     key: object,
 ) -> jax.Array:
     """The checks shared by :func:`energy_and_grad` and :func:`sharded_energy_and_grad`."""
-    _check_log_psi(log_psi)
+    check_log_psi(log_psi)
     check_method(method)
     _check_estimator(estimator)
     if method == "hutchinson":
@@ -583,7 +598,7 @@ def _check_step_input(
     elif key is not None:
         _checks.ignored_option("key", key, "hutchinson", method)
     _check_params(params)
-    return _check_walkers(walkers)
+    return check_walkers(walkers)
 
 
 def energy_and_grad(
