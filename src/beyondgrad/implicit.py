@@ -416,9 +416,10 @@ def iterative_tangent_solve(
     right-hand sides near ``1e-16``. The largest entry, unlike the squared norm, does
     not underflow.
 
-    ``cg`` needs a symmetric definite ``A`` (positive or negative definite, e.g. the
-    Hessian at a strict minimum); on an indefinite one it can return NaN without an
-    error. ``gmres`` (restarted every 20 steps) needs an ``A`` on which restarted
+    ``cg`` needs a symmetric definite ``A`` (positive or negative definite, e.g. a
+    positive definite Hessian at a minimum; a strict minimum is not enough: the
+    Hessian of ``w**4`` vanishes at ``w = 0``); on an indefinite one it can return NaN
+    without an error. ``gmres`` (restarted every 20 steps) needs an ``A`` on which restarted
     GMRES converges: it can stagnate on some invertible ``A`` (a cyclic permutation,
     for one), and then returns an inaccurate solution without an error.
 
