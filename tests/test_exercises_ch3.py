@@ -71,6 +71,18 @@ def _fp_python_loop(theta):
     return x
 
 
+def _fp_beside_a_dummy_root(theta, times_zero=True):
+    """An unrolled loop returned, with a custom_root beside it (unused, or times 0)."""
+    dummy = lax.custom_root(
+        lambda x: x - 1.0,
+        jnp.zeros_like(theta),
+        lambda f, x0: x0 + 1.0,
+        lambda g, y: y,
+    )
+    x = _fp_python_loop(theta)
+    return x + 0.0 * dummy if times_zero else x
+
+
 @pytest.mark.parametrize(
     "answer",
     [_fp_root, lambda t: _fp_root(t, tol=1e-13), _fp_helper],
@@ -86,6 +98,15 @@ def test_fixed_point_right_answers(answer):
     [
         (_fp_scan, "its jaxpr has scan but no custom_root"),
         (_fp_python_loop, "your function does not call lax.custom_root"),
+        (_fp_beside_a_dummy_root, "depends on θ along a path around it"),
+        (
+            lambda t: _fp_beside_a_dummy_root(t, times_zero=False),
+            "depends on θ along a path around it",
+        ),
+        (
+            jax.jit(_fp_beside_a_dummy_root),
+            "depends on θ along a path around it",
+        ),
         (
             _fp_while_loop,
             "jax.jacrev of your function raised ValueError: Reverse-mode",
@@ -111,6 +132,9 @@ def test_fixed_point_right_answers(answer):
     ids=[
         "scan",
         "python-loop",
+        "unrolled-beside-root-times-zero",
+        "unrolled-beside-unused-root",
+        "unrolled-beside-root-under-jit",
         "while-loop",
         "scalar-tangent-solve",
         "loose-tol",

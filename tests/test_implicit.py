@@ -924,9 +924,10 @@ def test_float32_iterative_tangent_solve_is_right_for_a_small_cotangent(method):
     """A loss scaled by 1e-8 (and 1e-25) in float32: the gradient divided by the scale
     against a float64 dense solve, A^-T c. JAX's gmres treats a right-hand side with
     norm below float32's eps (1.2e-7) as zero, so an unscaled inner solve returned an
-    exact-zero gradient (relative error 1.0) at 1e-8; cg's squared norms underflow
-    below a norm of about 1e-19. A structured (pytree) unknown checks the scaling over
-    all leaves."""
+    exact-zero gradient (relative error 1.0) at 1e-8; cg's squared quantities (r.r,
+    p.Ap) are flushed to zero below 1.2e-38, so an unscaled float32 cg loses digits and
+    can return NaN from right-hand sides near 1e-16 (chapter 3 shows it). A structured
+    (pytree) unknown checks the scaling over all leaves."""
     rng = np.random.default_rng(7)
     n = 12
     b = rng.standard_normal((n, n)) / n**0.5

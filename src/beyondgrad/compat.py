@@ -72,6 +72,7 @@ __all__ = [
     "linearization_rules",
     "linearize_from_jvp",
     "vjp_backward",
+    "bypasses_custom_root",
     "custom_root_eqns",
     "custom_root_integer_aux_ok",
     "custom_root_with_aux",
@@ -438,6 +439,46 @@ def primitive_names(jaxpr: Any) -> list[str]:
             for sub in _sub_jaxprs(value):
                 names.extend(primitive_names(sub))
     return names
+
+
+def bypasses_custom_root(jaxpr: Any) -> bool:
+    """True if an output of ``jaxpr`` depends on an input other than through ``custom_root``.
+
+    Follows the data flow forward from the inputs: a ``lax.custom_root`` call stops it
+    (its result depends on the inputs only through the equation it solves), any other
+    equation passes it from its operands to its results, and a call with one inner
+    jaxpr of the same arity (``jit``, ``checkpoint``) is followed inside. So an
+    unrolled loop whose result is returned, with a ``custom_root`` beside it whose
+    result is unused or added times zero, is found.
+    """
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    if not hasattr(inner, "eqns"):
+        raise TypeError(
+            f"expected a jaxpr (from jax.make_jaxpr), got {type(jaxpr).__name__}"
+        )
+    return any(_reached_outputs(inner, [True] * len(inner.invars)))
+
+
+def _reached_outputs(jaxpr: Any, reached_in: list[bool]) -> list[bool]:
+    """Which outputs of ``jaxpr`` the inputs flagged in ``reached_in`` reach."""
+    reached = {id(v) for v, r in zip(jaxpr.invars, reached_in) if r}
+    for eqn in jaxpr.eqns:
+        if _is_custom_root_eqn(eqn):
+            continue
+        flags = [id(v) in reached for v in eqn.invars]
+        if not any(flags):
+            continue
+        subs = [j for value in eqn.params.values() for j in _sub_jaxprs(value)]
+        if (
+            len(subs) == 1
+            and len(subs[0].invars) == len(eqn.invars)
+            and len(subs[0].outvars) == len(eqn.outvars)
+        ):
+            outs = _reached_outputs(subs[0], flags)
+        else:
+            outs = [True] * len(eqn.outvars)
+        reached.update(id(v) for v, r in zip(eqn.outvars, outs) if r)
+    return [id(v) in reached for v in jaxpr.outvars]
 
 
 def custom_root_eqns(jaxpr: Any) -> list[Any]:

@@ -405,15 +405,21 @@ def iterative_tangent_solve(
     is the largest ``|b_i|`` over all leaves (a zero ``b`` is left as is). JAX's
     ``gmres`` treats a right-hand side whose norm is at most the dtype's machine
     epsilon as zero (an absolute threshold, ``1.2e-7`` in float32), so an unscaled
-    solve returns an exact-zero gradient for a small cotangent; and squared norms,
-    which ``cg`` and ``gmres`` compute, underflow in float32 as the entries near
-    ``1e-19`` (their squares fall below float32's smallest normal number, which XLA
-    on CPU flushes to zero), however large the norm: the solution loses accuracy,
-    then vanishes. The largest entry, unlike the squared norm, does not underflow.
+    solve returns an exact-zero gradient for a small cotangent. ``cg`` works with
+    squared quantities (the stopping test ``r.r > tol**2 * b.b`` and the step
+    ``r.r / p.Ap``), which in float32 are flushed to zero below the smallest normal
+    number (``1.2e-38``; XLA on CPU flushes subnormals), i.e. for entries below about
+    ``1e-19``: once ``tol * |b|`` is that small the solve cannot stop on its
+    tolerance, once the residual is, the step is ``0/0`` and the result NaN (sooner
+    for small eigenvalues), and once ``|b|`` is, the result is zero. On an 8x8 system
+    with eigenvalues 0.01 to 0.1, float32 ``cg`` loses digits and returns NaN from
+    right-hand sides near ``1e-16``. The largest entry, unlike the squared norm, does
+    not underflow.
 
-    ``cg`` needs a symmetric definite ``A`` (positive or negative definite, e.g. the
-    Hessian at a strict minimum); on an indefinite one it can return NaN without an
-    error. ``gmres`` (restarted every 20 steps) needs an ``A`` on which restarted
+    ``cg`` needs a symmetric definite ``A`` (positive or negative definite, e.g. a
+    positive definite Hessian at a minimum; a strict minimum is not enough: the
+    Hessian of ``w**4`` vanishes at ``w = 0``); on an indefinite one it can return NaN
+    without an error. ``gmres`` (restarted every 20 steps) needs an ``A`` on which restarted
     GMRES converges: it can stagnate on some invertible ``A`` (a cyclic permutation,
     for one), and then returns an inaccurate solution without an error.
 

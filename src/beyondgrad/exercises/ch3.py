@@ -1,7 +1,8 @@
 """Checkers for the exercises of Chapter 3 (implicit differentiation).
 
 * 3.1 :func:`check_fixed_point_grad`: ``x* = ½ cos(M x*) + θ`` in R^3 through
-  ``lax.custom_root`` (the jaxpr is checked for ``custom_root``); value and
+  ``lax.custom_root`` (the jaxpr is checked for ``custom_root``, on the path from
+  ``θ`` to ``x*``); value and
   ``jax.jacrev`` to :data:`FIXED_POINT_TOL`.
 * 3.2 :func:`check_sqrtm`: the inverse square root ``A^{-1/2}`` through ``custom_root``
   (directly or via ``implicit.root_find``); value and ``jax.jvp`` to
@@ -98,12 +99,26 @@ _EX2 = "Exercise 3.2 (inverse matrix square root)"
 _EX3 = "Exercise 3.3 (diagnose a wrong gradient)"
 
 
-def _method_problem(fn: Callable, arg: jax.Array, exercise: str) -> str | None:
-    """A message if ``fn``'s jaxpr at ``arg`` does not call ``lax.custom_root``."""
+def _method_problem(
+    fn: Callable, arg: jax.Array, exercise: str, *, follow: bool = False
+) -> str | None:
+    """A message if ``fn``'s jaxpr at ``arg`` does not call ``lax.custom_root``.
+
+    With ``follow``, also if the output depends on ``arg`` along a path that does not
+    go through the ``custom_root`` call (:func:`beyondgrad.compat.bypasses_custom_root`).
+    """
     jaxpr = call_answer(jax.make_jaxpr(fn), arg, what="tracing your function")
     if failed(jaxpr):
         return failed(jaxpr)
     if compat.uses_custom_root(jaxpr):
+        if follow and compat.bypasses_custom_root(jaxpr):
+            return (
+                "your function calls lax.custom_root, but its result also depends on "
+                "θ along a path around it (a loop or formula whose result is returned "
+                f"beside the root). {exercise} asks for the implicit derivative: "
+                "return the solution custom_root gives, so that every dependence on θ "
+                "goes through the equation"
+            )
         return None
     names = sorted(set(compat.primitive_names(jaxpr)))
     loops = [n for n in names if n in ("scan", "while", "eigh")]
@@ -371,7 +386,7 @@ def check_fixed_point_grad(
             msg = _failed_with_hint(jac)
             return verdict(_EX1, [msg + _tangent_hint(msg)], strict=strict)
         # right numbers from an unrolled loop are not the exercise: read the jaxpr
-        method = _method_problem(fn, thetas[2], _EX1)
+        method = _method_problem(fn, thetas[2], _EX1, follow=True)
         if method:
             return verdict(_EX1, [method], strict=strict)
         want_jac = _exercise1_jacobian(want)
