@@ -63,12 +63,13 @@ def test_metropolis_walker_keys_give_the_one_device_chain(problem):
         one, rate1 = sv.metropolis(
             LOG_PSI, params, walkers, key, steps=5, step_size=0.4
         )
-        # walker 5 alone, with its own key split into the 5 steps by hand
+        # walker 5 alone, by hand: all its draws from fold_in(key, 5)
+        k_move, k_accept = jax.random.split(jax.random.fold_in(key, 5))
+        xis = jax.random.normal(k_move, (5, 3, 3), walkers.dtype)
+        us = jax.random.uniform(k_accept, (5,), walkers.dtype)
         x = walkers[5:6]
-        for k in jax.random.split(jax.random.fold_in(key, 5), 5):
-            k_move, k_accept = jax.random.split(k)
-            prop = x + 0.4 * jax.random.normal(k_move, x.shape[1:], x.dtype)
-            u = jax.random.uniform(k_accept, (), x.dtype)
+        for xi, u in zip(xis, us):
+            prop = x + 0.4 * xi
             if np.log(u) < 2 * (LOG_PSI(params, prop[0]) - LOG_PSI(params, x[0])):
                 x = prop
     assert np.array_equal(got, one)

@@ -104,19 +104,18 @@ def _walker_step(
     batch_log_psi: Callable[[Params, jax.Array], jax.Array],
     params: Params,
     sigma: float,
-) -> Callable[[tuple, jax.Array], tuple[tuple, None]]:
-    """One Metropolis move of every walker, each drawing from its own key.
+) -> Callable[[tuple, tuple[jax.Array, jax.Array]], tuple[tuple, None]]:
+    """One Metropolis move of every walker, from draws made beforehand.
 
-    The carry is ``(walkers (B, n, 3), log|psi| (B,), summed acceptance rate)``; the
-    scan's input is ``(B,)`` keys, one per walker, so walker ``b``'s proposal and
-    acceptance draw depend on its key alone, not on the batch it sits in.
+    The carry is ``(walkers (B, n, 3), log|psi| (B,), summed acceptance count)``; the
+    scan's input is this step's ``(xi (B, n, 3), u (B,))``, drawn per walker from its
+    own key (:func:`metropolis`), so walker ``b``'s move does not depend on the batch
+    it sits in.
     """
 
-    def step(carry: tuple, keys: jax.Array) -> tuple[tuple, None]:
+    def step(carry: tuple, draws: tuple[jax.Array, jax.Array]) -> tuple[tuple, None]:
         x, logp, accepted = carry
-        pair = jax.vmap(jax.random.split)(keys)  # (B, 2) keys
-        xi = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:], x.dtype))(pair[:, 0])
-        u = jax.vmap(lambda k: jax.random.uniform(k, (), x.dtype))(pair[:, 1])
+        xi, u = draws
         proposal = x + sigma * xi
         logp_new = batch_log_psi(params, proposal)
         ok = jnp.log(u) < 2.0 * (logp_new - logp)
@@ -142,9 +141,10 @@ def metropolis(
     Each step proposes :math:`x' = x + \sigma\xi` (Gaussian :math:`\xi`) and accepts
     it with probability :math:`\min(1, e^{2(\log|\psi(x')|-\log|\psi(x)|)})`. Walker
     ``b`` (its global index: ``axis_index * B + b`` inside ``shard_map``) draws from
-    its own key, ``fold_in(key, b)`` (:func:`beyondgrad.vmc.walker_keys`), split into
-    one key per step. Its chain therefore depends on ``key`` and its global index
-    only: the same ``key`` gives the same walkers whatever the number of devices the
+    its own key, ``fold_in(key, b)`` (:func:`beyondgrad.vmc.walker_keys`), from which
+    all ``steps`` proposals and acceptance draws are made before the chain runs
+    (``steps * B * (3n + 1)`` numbers per device). Its chain therefore depends on
+    ``key`` and its global index only: the same ``key`` gives the same walkers whatever the number of devices the
     batch is split over. The acceptance rate is the mean over all walkers and steps
     (a ``pmean`` over devices, which hold equally many walkers).
 
@@ -174,7 +174,19 @@ def metropolis(
     local = walkers.shape[0]
     first = 0 if axis_name is None else lax.axis_index(axis_name) * local
     keys = walker_keys(key, local, first=first)  # (B,): fold_in(key, global index)
-    per_step = jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, steps))(keys), 0, 1)
+    shape, dtype = (steps, *walkers.shape[1:]), walkers.dtype
+
+    def draws(k: jax.Array) -> tuple[jax.Array, jax.Array]:
+        k_move, k_accept = jax.random.split(k)
+        return (
+            jax.random.normal(k_move, shape, dtype),
+            jax.random.uniform(k_accept, (steps,), dtype),
+        )
+
+    # every step's draws at once, outside the scan (one random-bit kernel each, not
+    # one per step): (B, steps, n, 3) and (B, steps), then steps first
+    xi, u = jax.vmap(draws)(keys)
+    per_step = (jnp.swapaxes(xi, 0, 1), jnp.swapaxes(u, 0, 1))
     batch = jax.vmap(log_psi, in_axes=(None, 0))
     step = _walker_step(batch, params, step_size)
     zero = jnp.zeros((), walkers.dtype)
