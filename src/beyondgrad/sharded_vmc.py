@@ -49,8 +49,8 @@ from beyondgrad.forward_laplacian import forward_laplacian
 from beyondgrad.vmc import (
     check_log_psi,
     check_walkers,
-    metropolis_step,
     potential_energy,
+    walker_keys,
 )
 from beyondgrad.wavefunctions import Params
 
@@ -62,6 +62,7 @@ __all__ = [
     "local_energies",
     "metropolis",
     "natural_gradient",
+    "nonfinite_walkers",
     "per_walker_grads",
 ]
 
@@ -99,6 +100,32 @@ def _count(local: int, axis_name: str | None) -> int:
     return local if axis_name is None else local * lax.axis_size(axis_name)
 
 
+def _walker_step(
+    batch_log_psi: Callable[[Params, jax.Array], jax.Array],
+    params: Params,
+    sigma: float,
+) -> Callable[[tuple, tuple[jax.Array, jax.Array]], tuple[tuple, None]]:
+    """One Metropolis move of every walker, from draws made beforehand.
+
+    The carry is ``(walkers (B, n, 3), log|psi| (B,), summed acceptance count)``; the
+    scan's input is this step's ``(xi (B, n, 3), u (B,))``, drawn per walker from its
+    own key (:func:`metropolis`), so walker ``b``'s move does not depend on the batch
+    it sits in.
+    """
+
+    def step(carry: tuple, draws: tuple[jax.Array, jax.Array]) -> tuple[tuple, None]:
+        x, logp, accepted = carry
+        xi, u = draws
+        proposal = x + sigma * xi
+        logp_new = batch_log_psi(params, proposal)
+        ok = jnp.log(u) < 2.0 * (logp_new - logp)
+        x = jnp.where(ok[:, None, None], proposal, x)
+        logp = jnp.where(ok, logp_new, logp)
+        return (x, logp, accepted + jnp.sum(ok.astype(x.dtype))), None
+
+    return step
+
+
 def metropolis(
     log_psi: LogPsi,
     params: Params,
@@ -112,11 +139,13 @@ def metropolis(
     r"""``steps`` Metropolis steps towards :math:`|\psi|^2` for every walker.
 
     Each step proposes :math:`x' = x + \sigma\xi` (Gaussian :math:`\xi`) and accepts
-    it with probability :math:`\min(1, e^{2(\log|\psi(x')|-\log|\psi(x)|)})`. Inside
-    ``shard_map`` the replicated ``key`` is first made the device's own,
-    ``fold_in(key, axis_index(axis_name))``: the devices draw different proposals,
-    and device ``s`` runs exactly the one-device chain of its block with the key
-    ``fold_in(key, s)``. The acceptance rate is the mean over all walkers and steps
+    it with probability :math:`\min(1, e^{2(\log|\psi(x')|-\log|\psi(x)|)})`. Walker
+    ``b`` (its global index: ``axis_index * B + b`` inside ``shard_map``) draws from
+    its own key, ``fold_in(key, b)`` (:func:`beyondgrad.vmc.walker_keys`), from which
+    all ``steps`` proposals and acceptance draws are made before the chain runs
+    (``steps * B * (3n + 1)`` numbers per device). Its chain therefore depends on
+    ``key`` and its global index only: the same ``key`` gives the same walkers whatever the number of devices the
+    batch is split over. The acceptance rate is the mean over all walkers and steps
     (a ``pmean`` over devices, which hold equally many walkers).
 
     Args:
@@ -132,7 +161,8 @@ def metropolis(
         ``(walkers (B, n, 3), acceptance rate ())``, the rate invariant.
 
     Raises:
-        TypeError: ``log_psi`` not callable; integer walkers; a bad ``axis_name``.
+        TypeError: ``log_psi`` not callable; integer walkers; ``key`` not a PRNG key;
+            a bad ``axis_name``.
         ValueError: walkers not ``(B, n, 3)``; ``steps`` or ``step_size`` not
             positive.
     """
@@ -141,16 +171,30 @@ def metropolis(
     _check_axis_name(axis_name)
     _checks.integer(steps, "steps", minimum=1, where="metropolis: ")
     _checks.number(step_size, "step_size", above=0, where="metropolis: ")
-    if axis_name is not None:
-        key = jax.random.fold_in(key, lax.axis_index(axis_name))
+    local = walkers.shape[0]
+    first = 0 if axis_name is None else lax.axis_index(axis_name) * local
+    keys = walker_keys(key, local, first=first)  # (B,): fold_in(key, global index)
+    shape, dtype = (steps, *walkers.shape[1:]), walkers.dtype
+
+    def draws(k: jax.Array) -> tuple[jax.Array, jax.Array]:
+        k_move, k_accept = jax.random.split(k)
+        return (
+            jax.random.normal(k_move, shape, dtype),
+            jax.random.uniform(k_accept, (steps,), dtype),
+        )
+
+    # every step's draws at once, outside the scan (one random-bit kernel each, not
+    # one per step): (B, steps, n, 3) and (B, steps), then steps first
+    xi, u = jax.vmap(draws)(keys)
+    per_step = (jnp.swapaxes(xi, 0, 1), jnp.swapaxes(u, 0, 1))
     batch = jax.vmap(log_psi, in_axes=(None, 0))
-    step = metropolis_step(batch, params, step_size)  # the move of vmc's chain
+    step = _walker_step(batch, params, step_size)
     zero = jnp.zeros((), walkers.dtype)
     if axis_name is not None:
         zero = compat.pcast_varying(zero, axis_name)  # the carry varies per device
     init = (walkers, batch(params, walkers), zero)
-    (x, _, accepted), _ = lax.scan(step, init, jax.random.split(key, steps))
-    rate = accepted / steps
+    (x, _, accepted), _ = lax.scan(step, init, per_step)
+    rate = accepted / (steps * local)
     return x, rate if axis_name is None else lax.pmean(rate, axis_name)
 
 
@@ -194,12 +238,17 @@ def clip_local_energies(
 ) -> jax.Array:
     r"""Clip local energies to :math:`m \pm` ``scale`` :math:`\cdot\,\mathrm{MAD}`.
 
-    :math:`m` is the median of all walkers' energies (an ``all_gather`` inside
-    ``shard_map``: a median is not a sum of per-device parts, and gathering the values
-    is the simplest exact way) and MAD their mean
-    absolute deviation from it, :math:`\frac1N\sum_b|E_L(x_b)-m|` (a ``pmean``), as
+    :math:`m` is the median of all walkers' finite energies (an ``all_gather``
+    inside ``shard_map``: a median is not a sum of per-device parts, and gathering the
+    values is the simplest exact way) and MAD their mean absolute deviation from it,
+    :math:`\frac1{N_f}\sum_{b\,\mathrm{finite}}|E_L(x_b)-m|` (two ``psum``), as
     FermiNet clips (its ``clip_local_values``). Near a node of :math:`\psi` the
     kinetic energy diverges; the clipped values bound its weight in the gradient.
+
+    Non-finite energies (NaN, :math:`\pm\infty`) take no part in the statistics and
+    are returned unchanged, so :func:`natural_gradient` drops those walkers and
+    :func:`nonfinite_walkers` counts them; one NaN does not turn every clipped value
+    into NaN.
 
     Args:
         e_l: ``(B,)`` local energies (this device's walkers).
@@ -207,7 +256,7 @@ def clip_local_energies(
         axis_name: ``None`` on one device, else the mesh axis of the walkers.
 
     Returns:
-        ``(B,)`` clipped energies.
+        ``(B,)`` clipped energies (NaN everywhere only when no energy is finite).
 
     Raises:
         ValueError: ``e_l`` not 1-D; ``scale`` not positive.
@@ -218,12 +267,13 @@ def clip_local_energies(
     if e_l.ndim != 1:
         raise ValueError(f"e_l must be 1-D (one energy per walker), got {e_l.shape}")
     _checks.number(scale, "scale", above=0, where="clip_local_energies: ")
+    finite = jnp.isfinite(e_l)
     everyone = e_l if axis_name is None else lax.all_gather(e_l, axis_name, tiled=True)
-    median = jnp.median(everyone)
-    deviation = jnp.mean(jnp.abs(e_l - median))
-    if axis_name is not None:
-        deviation = lax.pmean(deviation, axis_name)
-    return jnp.clip(e_l, median - scale * deviation, median + scale * deviation)
+    median = jnp.nanmedian(jnp.where(jnp.isfinite(everyone), everyone, jnp.nan))
+    spread = _total(jnp.where(finite, jnp.abs(e_l - median), 0), axis_name)
+    deviation = spread / _total(finite.astype(e_l.dtype), axis_name)
+    clipped = jnp.clip(e_l, median - scale * deviation, median + scale * deviation)
+    return jnp.where(finite, clipped, e_l)
 
 
 def per_walker_grads(
@@ -281,12 +331,19 @@ def natural_gradient(
     r"""The energy gradient :math:`g` and the damped natural-gradient step :math:`\delta`.
 
     ``method="sr"``: :math:`\delta = (S+\lambda I)^{-1}g`, :math:`S = \tilde
-    O^\top\tilde O` (:math:`P\times P`), its blocks summed over devices with one
+    O^\top\tilde O` (:math:`P\times P`, a matmul of each device's rows: no
+    :math:`B\times P\times P` temporary), its blocks summed over devices with one
     ``psum``. ``method="minsr"``: :math:`\delta = \tilde O^\top(T+\lambda
     I)^{-1}2\epsilon`, :math:`T = \tilde O\tilde O^\top` (:math:`N\times N`) from an
     ``all_gather`` of :math:`\tilde O`; each device multiplies its own rows and a
     ``psum`` adds them. The two are equal for the same :math:`\lambda` (module
     docstring). Both outputs are invariant inside ``shard_map``.
+
+    Non-finite walkers are dropped (the stated policy): a walker whose energy or row
+    of ``o`` is not finite gets weight 0 in the means, in :math:`g` and in the
+    matrices, and :math:`N` counts the walkers kept, so the result equals this
+    function on the kept walkers alone. :func:`nonfinite_walkers` returns the count
+    for the step to report. Only when every walker is dropped are the outputs NaN.
 
     Args:
         o: ``(B, P)`` per-walker gradients (:func:`per_walker_grads`).
@@ -313,13 +370,25 @@ def natural_gradient(
         raise ValueError(f"method must be 'sr' or 'minsr', got {method!r}")
     _checks.number(damping, "damping", above=0, where="natural_gradient: ")
     local, p = o.shape
-    n = _count(local, axis_name)
-    o_c = (o - _total(o, axis_name) / n) / math.sqrt(n)
-    eps = (e_l - _total(e_l, axis_name) / n) / math.sqrt(n)
-    g = 2.0 * _total(o_c * eps[:, None], axis_name)
+    n_all = _count(local, axis_name)
+    keep = _finite_rows(o, e_l)
+    n = _total(keep.astype(o.dtype), axis_name)  # walkers kept, over all devices
+    o0 = jnp.where(keep[:, None], o, 0)
+    e0 = jnp.where(keep, e_l, 0)
+    scale = 1 / jnp.sqrt(n)
+    o_c = jnp.where(keep[:, None], (o0 - _total(o0, axis_name) / n) * scale, 0)
+    eps = jnp.where(keep, (e0 - _total(e0, axis_name) / n) * scale, 0)
+    g = 2.0 * (o_c.T @ eps)
+    if axis_name is not None:
+        g = lax.psum(g, axis_name)
     if method == "sr":
-        s = _total(o_c[:, :, None] * o_c[:, None, :], axis_name)
-        return g, jnp.linalg.solve(s + damping * jnp.eye(p, dtype=o.dtype), g)
+        s = o_c.T @ o_c  # (P, P) from a matmul: no (B, P, P) temporary
+        if axis_name is not None:
+            s = lax.psum(s, axis_name)
+        # S + damping I is symmetric positive definite: a Cholesky solve, which
+        # XLA factors in the psum's output buffer (no third P x P temporary)
+        a = s + damping * jnp.eye(p, dtype=o.dtype)
+        return g, jax.scipy.linalg.solve(a, g, assume_a="pos")
     first: jax.Array | int = 0
     if axis_name is None:
         o_all, eps_all = o_c, eps
@@ -327,10 +396,49 @@ def natural_gradient(
         o_all = lax.all_gather(o_c, axis_name, tiled=True)
         eps_all = lax.all_gather(eps, axis_name, tiled=True)
         first = lax.axis_index(axis_name) * local
+    # a dropped walker's row and energy are 0: its entry of y is 0, so the solve is
+    # the one of the kept walkers alone
     t = o_all @ o_all.T
-    y = jnp.linalg.solve(t + damping * jnp.eye(n, dtype=o.dtype), 2.0 * eps_all)
+    y = jnp.linalg.solve(t + damping * jnp.eye(n_all, dtype=o.dtype), 2.0 * eps_all)
     mine = lax.dynamic_slice_in_dim(y, first, local)
     return g, _total(o_c * mine[:, None], axis_name)
+
+
+def _finite_rows(o: jax.Array, e_l: jax.Array) -> jax.Array:
+    """``(B,)`` bool: the walker's energy and every entry of its row are finite."""
+    return jnp.isfinite(e_l) & jnp.all(jnp.isfinite(o), axis=1)
+
+
+def nonfinite_walkers(
+    o: jax.Array, e_l: jax.Array, *, axis_name: str | None = None
+) -> jax.Array:
+    """The number of walkers, over all devices, that :func:`natural_gradient` drops.
+
+    A walker is dropped when its local energy or any entry of its row of ``O`` is not
+    finite (a walker on a node of :math:`\\psi`, an overflow). A step should report
+    this count (and a caller stop or resample when it is large): dropping is exact
+    for the walkers kept, but the kept walkers are no longer a sample of
+    :math:`|\\psi|^2` if the dropped ones are many.
+
+    Args:
+        o: ``(B, P)`` per-walker gradients.
+        e_l: ``(B,)`` local energies.
+        axis_name: ``None`` on one device, else the mesh axis of the walkers.
+
+    Returns:
+        An int32 scalar (invariant inside ``shard_map``).
+
+    Raises:
+        ValueError: shapes that do not match.
+        TypeError: a bad ``axis_name``.
+    """
+    _check_axis_name(axis_name)
+    o, e_l = jnp.asarray(o), jnp.asarray(e_l)
+    if o.ndim != 2 or e_l.shape != o.shape[:1]:
+        raise ValueError(
+            f"o must be (B, P) and e_l (B,), got {o.shape} and {e_l.shape}"
+        )
+    return _total((~_finite_rows(o, e_l)).astype(jnp.int32), axis_name)
 
 
 def collective_bytes(kind: str, nbytes: int, devices: int) -> int:
