@@ -30,6 +30,7 @@ import numpy as np
 
 from beyondgrad import compat
 from beyondgrad.exercises import (
+    CHECK_LIMIT,
     Feedback,
     call_answer,
     call_within,
@@ -38,6 +39,7 @@ from beyondgrad.exercises import (
     failed,
     is_stub,
     require_callable,
+    timed_check,
     tree_mismatches,
     verdict,
 )
@@ -290,6 +292,7 @@ FIXED_POINT_CASES = 4
 FIXED_POINT_THETA = 1.5
 
 
+@timed_check(_EX1, CHECK_LIMIT)
 def check_fixed_point_grad(
     fn: Callable[[jax.Array], jax.Array],
     *,
@@ -441,6 +444,7 @@ def _sqrtm_case(rng: np.random.Generator, n: int) -> tuple[jax.Array, jax.Array]
     return jnp.asarray(0.5 * (a + a.T)), jnp.asarray(0.5 * (d + d.T))
 
 
+@timed_check(_EX2, CHECK_LIMIT)
 def check_sqrtm(
     fn: Callable[[jax.Array], jax.Array],
     *,
@@ -720,6 +724,7 @@ def _tolerance_fix_hint(
     )
 
 
+@timed_check(_EX3, CHECK_LIMIT)
 def check_tolerance_fix(
     fn: Callable[[jax.Array], jax.Array],
     *,

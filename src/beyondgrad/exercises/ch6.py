@@ -110,6 +110,7 @@ def _clip_reference(e: np.ndarray, median: float, mad: float) -> np.ndarray:
     return np.clip(e, median - CLIP_SCALE * mad, median + CLIP_SCALE * mad)
 
 
+@ex.timed_check("Exercise 6.1 (clip across devices)", ex.CHECK_LIMIT)
 def check_clip(
     fn: Callable[[jax.Array], jax.Array], strict: bool = False, seed: int | None = None
 ) -> ex.Feedback:
@@ -197,6 +198,7 @@ def check_clip(
     )
 
 
+@ex.timed_check("Exercise 6.2 (per-walker gradients)", ex.CHECK_LIMIT)
 def check_per_walker_grads(
     fn: Callable[[jax.Array, jax.Array], jax.Array],
     strict: bool = False,
