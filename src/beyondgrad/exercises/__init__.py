@@ -15,13 +15,16 @@ from the pieces here:
 
 Policies every checker shares:
 
-* **Time limit.** :func:`call_answer` gives the student's function :data:`TIME_LIMIT`
-  seconds (:func:`time_limit`). A Python-level loop that does not end is interrupted
-  (a ``SIGALRM`` timer in the main thread) and reported as a failure naming the limit.
-  Compiled code cannot be interrupted: a ``lax.while_loop`` whose condition never turns
-  false blocks inside XLA, where neither the timer nor *Interrupt execution* reaches it;
-  after the limit a watchdog thread prints what happened and how to recover (restart
-  the runtime), and the checker returns when XLA does, that is never.
+* **Time limit.** Each public checker runs whole in a worker thread with one budget
+  (:func:`timed_check`, :func:`run_with_time_limit`; :data:`CHECK_LIMIT` seconds unless
+  the chapter says otherwise): the student's calls, every case and the reference work.
+  After the budget (at most :data:`_MARGIN` s more while the machine is loaded) the
+  checker answers with the seconds it waited. A Python-level loop is then stopped (an
+  exception raised in the worker thread); compiled code cannot be: a
+  ``lax.while_loop`` whose condition never turns false runs on inside XLA, and the
+  message says so and asks for a restart (:data:`RESTART_NOTE`). *Interrupt execution*
+  while a checker waits does the same. Called in the main thread outside a checker,
+  :func:`call_answer` keeps its own :data:`TIME_LIMIT` (:func:`time_limit`).
 * **Drawn cases.** :func:`case_rng` draws fresh cases at every check; no seed is
   printed, so a student cannot replay a draw to fit it. A checker's ``seed=`` keyword,
   where it has one, is for tests and for a student who asks for a repeatable run.
@@ -655,6 +658,18 @@ RESTART_NOTE = (
 )
 
 
+def _timeout_message(what: str, seconds: float, waited: float, *, stopped: bool) -> str:
+    """What :func:`run_with_time_limit` says after ``waited`` s: the limit, the seconds
+    waited, and whether the answer was stopped or still runs (:data:`RESTART_NOTE`)."""
+    head = (
+        f"{what} did not finish within {seconds:g} s (stopped waiting after "
+        f"{waited:.1f} s); is there a loop whose condition never turns false?"
+    )
+    if stopped:
+        return f"{head} It was stopped."
+    return f"{head} {RESTART_NOTE[0].upper()}{RESTART_NOTE[1:]}."
+
+
 def _stop(worker: threading.Thread) -> bool:
     """Raise :class:`_TimeLimit` in ``worker`` and wait up to :data:`_GRACE` s for it to
     end; True if it ended. A loop in Python code stops at its next bytecode (the thread
@@ -729,13 +744,7 @@ def run_with_time_limit(
     if worker.is_alive():
         waited = time.monotonic() - wall0
         stopped = _stop(worker)
-        head = (
-            f"{what} did not finish within {seconds:g} s (stopped waiting after "
-            f"{waited:.1f} s); is there a loop whose condition never turns false?"
-        )
-        if stopped:
-            return _Failure(f"{head} It was stopped.")
-        return _Failure(f"{head} {RESTART_NOTE[0].upper()}{RESTART_NOTE[1:]}.")
+        return _Failure(_timeout_message(what, seconds, waited, stopped=stopped))
     if "error" in box:
         raise box["error"]
     return box["value"]
