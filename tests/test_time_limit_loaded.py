@@ -152,3 +152,35 @@ def test_an_endless_compiled_loop_is_answered_with_the_restart_note(cpu_hog):
     assert LIMIT <= _waited(out.stdout) <= took, out.stdout
     assert "still running in the background" in out.stdout, out.stdout
     assert "restart the kernel (Colab: Runtime > Restart session" in out.stdout
+
+
+def test_a_waiting_answer_is_not_a_loaded_machine(cpu_hog):
+    """The limit is extended only while this process's threads wait for a CPU: an
+    answer that sleeps or blocks (a host callback, a read) is not starved, though the
+    process then uses no CPU. (Measuring the process's CPU share read such an answer as
+    a loaded machine and stretched a 1 s limit to 4 s.)"""
+    if ex._runqueue_waits() is None:
+        pytest.skip("no scheduler statistics on this platform: limits are exact")
+    sleeping = ex._Load()
+    time.sleep(1.0)
+    assert not sleeping.starved()
+    busy = ex._Load()
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:  # runnable throughout, beside one hog per core
+        pass
+    assert busy.starved()
+
+
+def test_a_sleeping_answer_is_stopped_at_the_limit(cpu_hog):
+    """No stretching for an answer that sleeps: answered at the limit + the stop."""
+
+    def sleeper():
+        while True:
+            time.sleep(0.05)
+
+    start = time.monotonic()
+    got = ex.run_with_time_limit(sleeper, LIMIT, what="your answer")
+    took = time.monotonic() - start
+    assert LIMIT <= took <= LIMIT + ex._GRACE + 0.5, took
+    assert _waited(ex.failed(got)) < LIMIT + 0.5, ex.failed(got)
+    assert not _check_threads()

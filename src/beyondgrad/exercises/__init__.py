@@ -44,6 +44,7 @@ import ctypes
 import dataclasses
 import functools
 import inspect
+import os
 import signal
 import sys
 import threading
@@ -145,6 +146,52 @@ def _trim(text: str) -> str:
 #: Seconds past its limit :func:`time_limit` may wait while the machine is loaded.
 _TIME_LIMIT_MARGIN = 3.0
 
+#: The share of the wall time this process's threads, together, must have spent
+#: runnable but waiting for a CPU for the machine to count as loaded (:class:`_Load`).
+#: Measured on a 2-core machine: one busy thread alone waits about 3 % of the time,
+#: beside two busy processes about 68 %; a sleeping or blocked thread waits 0 %.
+_LOADED_WAIT_SHARE = 0.2
+
+
+def _runqueue_waits() -> dict[str, int] | None:
+    """Nanoseconds each thread of this process has waited on a run queue (runnable, not
+    running), from Linux's ``/proc/self/task/<tid>/schedstat``; None where unreadable
+    (another platform, a kernel without scheduler statistics)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    waits: dict[str, int] = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                waits[tid] = int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return waits or None
+
+
+class _Load:
+    """Whether the machine has been loaded since this object was made: this process's
+    threads were runnable but waited for a CPU for at least :data:`_LOADED_WAIT_SHARE`
+    of the wall time. A process that merely waits (``time.sleep``, a host callback, a
+    blocked read) is not starved, so its time limit is not extended. Where the
+    scheduler's statistics cannot be read, the machine never counts as loaded (the
+    limits then hold exactly)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.waits = _runqueue_waits()
+
+    def starved(self) -> bool:
+        if self.waits is None:
+            return False
+        now = _runqueue_waits() or {}
+        waited = sum(w - self.waits.get(tid, 0) for tid, w in now.items())
+        wall = time.monotonic() - self.start
+        return wall > 0 and waited * 1e-9 >= _LOADED_WAIT_SHARE * wall
+
+
 #: The :func:`time_limit` blocks running now (main thread), outermost first: each one's
 #: limit and the ``time.monotonic()`` at its start.
 _LIMITS: list[tuple[float, float]] = []
@@ -183,7 +230,7 @@ def time_limit(
     Python code is interrupted by a ``SIGALRM`` timer (main thread only; elsewhere, and
     where the platform has no ``SIGALRM``, the body runs unlimited: the checkers run in
     a worker thread under :func:`run_with_time_limit`, which keeps their time). On a
-    loaded machine (the process got less than 80% of a core since the start) the limit
+    loaded machine (its threads waited for a CPU, :class:`_Load`) the limit
     is extended by at most :data:`_TIME_LIMIT_MARGIN` s; the message gives the seconds
     actually waited. Compiled code blocks inside XLA, where no signal is delivered until
     it returns: after the limit a watchdog thread prints :func:`_watchdog_message` to
@@ -198,15 +245,14 @@ def time_limit(
         yield
         return
 
-    cpu0, wall0 = time.process_time(), time.monotonic()
+    load = _Load()
+    wall0 = load.start
     last = seconds + _TIME_LIMIT_MARGIN
 
     def starved() -> bool:
-        """Whether this process got less than 80% of a core since the start (a loaded
-        machine) and the margin is not spent: then the limit is extended."""
-        waited = time.monotonic() - wall0
-        used = time.process_time() - cpu0
-        return used < 0.8 * waited and waited < last
+        """Whether the machine is loaded (:class:`_Load`) and the margin is not spent:
+        then the limit is extended."""
+        return time.monotonic() - wall0 < last and load.starved()
 
     def on_alarm(signum: int, frame: Any) -> None:
         if starved():
@@ -643,9 +689,10 @@ class _TimeLimit(BaseException):
     """Raised inside a checker's worker thread once its time is up."""
 
 
-#: Seconds past its limit a check may wait while the machine is loaded (the process got
-#: less than 80% of a core), plus the second :func:`_stop` waits for the worker to end:
-#: a check answers within its limit + 4 s (the limit a student is promised + margin).
+#: Seconds past its limit a check may wait while the machine is loaded (the process's
+#: threads waited for a CPU, :class:`_Load`), plus the second :func:`_stop` waits for
+#: the worker to end: a check answers within its limit + 4 s (a student is promised
+#: the limit + 5 s).
 _MARGIN = 3.0
 _GRACE = 1.0
 
@@ -692,9 +739,9 @@ def run_with_time_limit(
     """``task()``, or a failure (see :func:`failed`) if it takes more than ``seconds``.
 
     The task runs in a daemon thread and the caller waits for it at most ``seconds``,
-    extended by up to :data:`_MARGIN` s while the process gets less than 80% of a core
-    (a loaded machine), so a student's endless loop cannot hold the checker. Then the
-    thread is stopped (:func:`_stop`): a Python loop ends there; a compiled loop runs
+    extended by up to :data:`_MARGIN` s while the process's threads wait for a CPU (a
+    loaded machine, :class:`_Load`; not while the answer sleeps or blocks), so a
+    student's endless loop cannot hold the checker. Then the thread is stopped (:func:`_stop`): a Python loop ends there; a compiled loop runs
     on, and the failure message says so and asks for a restart (:data:`RESTART_NOTE`).
     The message gives the seconds actually waited. *Interrupt execution* while waiting
     stops the thread the same way and prints :data:`RESTART_NOTE` if it still runs.
@@ -726,15 +773,15 @@ def run_with_time_limit(
         except BaseException as e:  # handed to the caller's thread
             box["error"] = e
 
-    cpu0, wall0 = time.process_time(), time.monotonic()
+    load = _Load()
+    wall0 = load.start
     worker = threading.Thread(target=work, daemon=True, name="beyondgrad-check")
     worker.start()
     try:
         worker.join(seconds)
         while worker.is_alive():
             waited = time.monotonic() - wall0
-            starved = time.process_time() - cpu0 < 0.8 * waited
-            if not starved or waited >= seconds + _MARGIN:
+            if waited >= seconds + _MARGIN or not load.starved():
                 break
             worker.join(min(0.25, seconds + _MARGIN - waited))
     except BaseException:  # Interrupt execution (KeyboardInterrupt) while waiting
