@@ -112,8 +112,11 @@ class Feedback:
     attempted: bool = True
 
     def __str__(self) -> str:
-        if not self.attempted:
-            return f"… {self.exercise}: {NOT_ATTEMPTED}"
+        if not self.attempted:  # the stub's line, or the starter's (3.3) with why
+            first, *rest = self.messages or (NOT_ATTEMPTED,)
+            return "\n".join(
+                [f"… {self.exercise}: {first}", *(f"  - {m}" for m in rest)]
+            )
         mark = "✓" if self.passed else "✗"
         head = f"{mark} {self.exercise}: " + ("correct" if self.passed else "not yet")
         return "\n".join([head, *(f"  - {m}" for m in self.messages)])
