@@ -29,6 +29,7 @@ from beyondgrad.exercises import ch2 as ex2
 from beyondgrad.exercises import ch3 as ch3_checks
 from beyondgrad.exercises import ch4
 from beyondgrad.exercises import ch5 as ex5
+from beyondgrad.exercises import ch6 as ex6
 from tools import book
 
 GUIDE = book.ROOT / "instructor_guide.md"
@@ -1137,6 +1138,17 @@ def _compiled_loop_message() -> str:
     )
 
 
+def _ch3_starter() -> str:
+    """The chapter's 3.3 cell before any edit: the starter, under its own name."""
+
+    def suspicious_grad(b):
+        return _loose_tolerance_grad(b)  # the starter's series, a converged solve
+
+    with jax.enable_x64(True):
+        fb = ch3_checks.check_tolerance_fix(suspicious_grad, seed=0)
+    return str(fb).splitlines()[0]
+
+
 def _axis_i_psum(xb):
     row_sums = lax.psum(jnp.sum(xb, axis=1), "i")
     return lax.fori_loop(0, 3, _ch4_body_with(row_sums), jnp.zeros_like(xb[:, 0]))
@@ -1146,7 +1158,56 @@ def _ch4_body_with(row_sums):
     return lambda k, acc: acc + (k + 1) * row_sums
 
 
+# ------------------------------------------------------------------ chapter 6
+
+
+def _ch6_clip(scale=3.0, local_median=False, local_mad=False, std=False):
+    """Exercise 6.1's answer with one slip or more (as the chapter writes clip)."""
+
+    def clip(e_l):
+        everyone = lax.all_gather(e_l, "data", tiled=True)
+        median = jnp.median(e_l) if local_median else jnp.median(everyone)
+        mad = jnp.mean(jnp.abs(e_l - median))
+        if std:
+            mad = jnp.std(everyone)
+        elif not local_mad:
+            mad = lax.pmean(mad, "data")
+        return jnp.clip(e_l, median - scale * mad, median + scale * mad)
+
+    return clip
+
+
+def _ch6_uncast(w, x):
+    return jax.vmap(jax.grad(ex6.toy_log_psi), in_axes=(None, 0))(w, x)
+
+
+def _ch6_uncast_first(raises: bool) -> str:
+    """The first message for exercise 6.2 without the cast, on the end where the
+    answer raises (``raises``) or returns sums over devices; skipped on the other."""
+    fb = ex6.check_per_walker_grads(_ch6_uncast, seed=1)
+    if ("TypeError" in str(fb)) != raises:
+        pytest.skip(
+            f"JAX {jax.__version__}: the uncast answer "
+            + ("returns values" if raises else "raises")
+            + " here (the guide quotes each end's message)"
+        )
+    return first_message(fb)
+
+
 FIRST_SEEN: dict[str, Callable[[], str]] = {
+    "ch6-local-median": lambda: first_message(
+        ex6.check_clip(_ch6_clip(local_median=True), seed=0)
+    ),
+    "ch6-chapter-scale": lambda: first_message(
+        ex6.check_clip(_ch6_clip(scale=2.0), seed=0)
+    ),
+    "ch6-local-mad": lambda: first_message(
+        ex6.check_clip(_ch6_clip(local_mad=True), seed=0)
+    ),
+    "ch6-std": lambda: first_message(ex6.check_clip(_ch6_clip(std=True), seed=0)),
+    "ch6-uncast-sum": lambda: _ch6_uncast_first(raises=False),
+    "ch6-uncast-raises": lambda: _ch6_uncast_first(raises=True),
+    "ch3-starter": _ch3_starter,
     **{m.name: (lambda m=m: first_message(m.check())) for m in MISTAKES},
     "setup-too-few-devices": _setup_too_few_devices,
     "install-below-floor": _install_below_floor,
