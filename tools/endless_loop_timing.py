@@ -70,7 +70,9 @@ def _checkers() -> dict[str, Callable[..., Any]]:
 
 def _live_check_threads() -> int:
     return sum(
-        1 for t in threading.enumerate() if t.name == "beyondgrad-check" and t.is_alive()
+        1
+        for t in threading.enumerate()
+        if t.name == "beyondgrad-check" and t.is_alive()
     )
 
 
