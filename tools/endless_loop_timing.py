@@ -22,6 +22,7 @@ Exit status 1 if a checker breaks the promise or leaves a thread running.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -69,10 +70,13 @@ def _checkers() -> dict[str, Callable[..., Any]]:
 
 
 def _live_check_threads() -> int:
+    """Checker threads the OS still runs (``is_alive()`` alone can be wrong after an
+    interrupted ``join``)."""
     return sum(
         1
         for t in threading.enumerate()
-        if t.name == "beyondgrad-check" and t.is_alive()
+        if t.name == "beyondgrad-check"
+        and (t.is_alive() or os.path.exists(f"/proc/self/task/{t.native_id}"))
     )
 
 

@@ -186,13 +186,17 @@ class _Load:
         self.start = time.monotonic()
         self.waits = _runqueue_waits()
 
-    def starved(self) -> bool:
+    def waited(self) -> float:
+        """Seconds this process's threads (those still alive) have waited for a CPU
+        since the start, summed over the threads (0 where unreadable)."""
         if self.waits is None:
-            return False
+            return 0.0
         now = _runqueue_waits() or {}
-        waited = sum(w - self.waits.get(tid, 0) for tid, w in now.items())
+        return 1e-9 * sum(w - self.waits.get(tid, 0) for tid, w in now.items())
+
+    def starved(self) -> bool:
         wall = time.monotonic() - self.start
-        return wall > 0 and waited * 1e-9 >= _LOADED_WAIT_SHARE * wall
+        return wall > 0 and self.waited() >= _LOADED_WAIT_SHARE * wall
 
 
 #: The :func:`time_limit` blocks running now (main thread), outermost first: each one's
@@ -708,32 +712,47 @@ RESTART_NOTE = (
 )
 
 
-def _timeout_message(what: str, seconds: float, waited: float, *, stopped: bool) -> str:
+def _timeout_message(
+    what: str, seconds: float, waited: float, *, stopped: bool, busy: float = 0.0
+) -> str:
     """What :func:`run_with_time_limit` says after ``waited`` s: the limit, the seconds
-    waited, and whether the answer was stopped or still runs (:data:`RESTART_NOTE`)."""
+    waited, and whether the answer was stopped or still runs (:data:`RESTART_NOTE`);
+    ``busy`` (s the check's threads waited for a CPU, from :class:`_Load`) adds a
+    note when the machine was loaded: a right answer may then need a rerun."""
     head = (
         f"{what} did not finish within {seconds:g} s (stopped waiting after "
         f"{waited:.1f} s); is there a loop whose condition never turns false?"
     )
-    if stopped:
-        return f"{head} It was stopped."
-    return f"{head} {RESTART_NOTE[0].upper()}{RESTART_NOTE[1:]}."
+    tail = (
+        "It was stopped."
+        if stopped
+        else f"{RESTART_NOTE[0].upper()}{RESTART_NOTE[1:]}."
+    )
+    if busy >= _LOADED_WAIT_SHARE * waited > 0:
+        tail += (
+            f" The machine was busy (the check waited {busy:.0f} s for a CPU): if "
+            "your code has no endless loop, run the check again."
+        )
+    return f"{head} {tail}"
 
 
-def _stop(worker: threading.Thread) -> bool:
+def _stop(worker: threading.Thread, finished: threading.Event) -> bool:
     """Raise :class:`_TimeLimit` in ``worker`` and wait up to :data:`_GRACE` s for it to
-    end; True if it ended. A loop in Python code stops at its next bytecode (the thread
-    runs only the check, whose ``with`` blocks unwind as for any exception); compiled
-    code (XLA) sees the exception only when it returns, which an endless loop never does.
+    end (``finished`` is set when it has); True if it ended. A loop in Python code stops
+    at its next bytecode (the thread runs only the check, whose ``with`` blocks unwind
+    as for any exception); compiled code (XLA) sees the exception only when it returns,
+    which an endless loop never does. ``finished``, not ``worker.is_alive()``, says
+    whether it ended: a ``join`` interrupted by Interrupt execution (KeyboardInterrupt)
+    leaves CPython (3.11, 3.12) reporting a running thread as not alive.
     """
     for _ in range(2):  # again, in case the first landed in a handler the answer owns
-        if not worker.is_alive():
+        if finished.is_set():
             return True
         ctypes.pythonapi.PyThreadState_SetAsyncExc(
             ctypes.c_ulong(worker.ident or 0), ctypes.py_object(_TimeLimit)
         )
-        worker.join(_GRACE / 2)
-    return not worker.is_alive()
+        finished.wait(_GRACE / 2)
+    return finished.is_set()
 
 
 def run_with_time_limit(
@@ -767,34 +786,45 @@ def run_with_time_limit(
     x64 = bool(jax.config.jax_enable_x64)
     box: dict[str, Any] = {}
 
+    finished = threading.Event()
+
     def work() -> None:
         try:
-            with jax.enable_x64(x64):
-                box["value"] = task()
-        except _TimeLimit:  # the caller has stopped waiting
-            pass
-        except BaseException as e:  # handed to the caller's thread
-            box["error"] = e
+            try:
+                with jax.enable_x64(x64):
+                    box["value"] = task()
+            except _TimeLimit:  # the caller has stopped waiting
+                pass
+            except BaseException as e:  # handed to the caller's thread
+                box["error"] = e
+        finally:
+            while not finished.is_set():
+                with contextlib.suppress(_TimeLimit):  # a second stop, landing late
+                    finished.set()
 
     load = _Load()
     wall0 = load.start
     worker = threading.Thread(target=work, daemon=True, name="beyondgrad-check")
     worker.start()
     try:
-        worker.join(seconds)
-        while worker.is_alive():
+        # an Event, not worker.join: Interrupt during a join corrupts is_alive()
+        finished.wait(seconds)
+        while not finished.is_set():
             waited = time.monotonic() - wall0
             if waited >= seconds + _MARGIN or not load.starved():
                 break
-            worker.join(min(0.25, seconds + _MARGIN - waited))
+            finished.wait(min(0.25, seconds + _MARGIN - waited))
     except BaseException:  # Interrupt execution (KeyboardInterrupt) while waiting
-        if not _stop(worker):
+        if not _stop(worker, finished):
             print(f"{what}: {RESTART_NOTE}.", file=sys.stderr, flush=True)
         raise
-    if worker.is_alive():
+    if not finished.is_set():
         waited = time.monotonic() - wall0
-        stopped = _stop(worker)
-        return _Failure(_timeout_message(what, seconds, waited, stopped=stopped))
+        busy = load.waited()  # before the stop: the worker's own wait counts
+        stopped = _stop(worker, finished)
+        return _Failure(
+            _timeout_message(what, seconds, waited, stopped=stopped, busy=busy)
+        )
     if "error" in box:
         raise box["error"]
     return box["value"]
