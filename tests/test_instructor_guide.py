@@ -1044,6 +1044,8 @@ def test_every_error_the_guide_names_is_on_its_chapter_page():
     above), so the guide never names an error the page does not show."""
     text = GUIDE.read_text()
     quoted = " ".join(f"{m.quote} {m.then}" for m in MISTAKES)
+    # and the marked quotes, each checked against what its wrong answer prints
+    quoted += " " + " ".join(quote for _, quote in MARKED)
     for n, section in _chapter_sections(text).items():
         # Chapter 0 describes install failures that its page cannot show
         if n == 0:
