@@ -151,8 +151,8 @@ def test_feedback_prints_marks():
 
 
 def test_a_python_loop_that_never_ends_is_stopped_with_a_message(monkeypatch):
-    """call_answer's limit stops a Python loop; the limit is shortened to 2 s here (the
-    10 s of TIME_LIMIT, stretched up to 6 times on a loaded CI machine, cost a minute)."""
+    """call_answer's limit stops a Python loop; the limit is shortened to 2 s here. On a
+    loaded machine it stretches by at most _TIME_LIMIT_MARGIN s, and says how long."""
     import time
 
     def endless(x):
@@ -161,13 +161,16 @@ def test_a_python_loop_that_never_ends_is_stopped_with_a_message(monkeypatch):
 
     assert ex.TIME_LIMIT == 10.0  # what the guide and the statements promise
     monkeypatch.setattr(ex, "TIME_LIMIT", 2.0)
-    monkeypatch.setattr(ex, "_MAX_STRETCH", 1)  # stretching is tested below
     start = time.monotonic()
     got = ex.call_answer(endless, 1.0, what="your solver")
     took = time.monotonic() - start
-    assert 2.0 - 0.5 <= took <= 2.0 + 5
+    assert 2.0 - 0.5 <= took <= 2.0 + ex._TIME_LIMIT_MARGIN + 1
     said = ex.failed(got)
-    assert said.startswith("your solver did not return within 2 s and was stopped")
+    assert said.startswith(
+        "your solver did not return within 2 s and was stopped after"
+    )
+    waited = float(said.split("stopped after ")[1].split(" s")[0])
+    assert 2.0 <= waited <= took  # the seconds actually waited, not the limit
 
 
 def test_an_enclosing_time_limit_governs_and_a_students_except_cannot_swallow_it():
@@ -183,7 +186,7 @@ def test_an_enclosing_time_limit_governs_and_a_students_except_cannot_swallow_it
     start = time.monotonic()
     with ex.time_limit(1.5, what="outer"):
         got = ex.call_answer(stubborn, what="inner")
-    assert time.monotonic() - start < 1.5 * ex._MAX_STRETCH + 3
+    assert time.monotonic() - start < 1.5 + ex._TIME_LIMIT_MARGIN + 1
     assert ex.failed(got).startswith("inner did not return within 1.5 s")
 
 

@@ -509,6 +509,32 @@ def test_tolerance_fix_stub_is_not_attempted():
     assert not ch3.check_tolerance_fix(_stub).attempted
 
 
+def test_tolerance_fix_starter_itself_is_not_attempted_yet():
+    """The chapter's cell checks the starter suspicious_grad before any edit: an
+    untouched notebook shows "not attempted yet" (no ✗), with what is wrong with the
+    starter; the same gradient under another name is an attempt, and gets ✗."""
+    suspicious_grad = _series_grad(1e-13)
+    suspicious_grad.__name__ = "suspicious_grad"
+    with jax.enable_x64(True):
+        fb = ch3.check_tolerance_fix(suspicious_grad, seed=0)
+        text = str(fb)
+        assert not fb.attempted and not fb.passed, text
+        assert text.startswith(
+            "… Exercise 3.3 (diagnose a wrong gradient): not attempted yet: this is "
+            "the starter suspicious_grad"
+        ), text
+        assert "✗" not in text and "does not come from the solve" in text, text
+        with pytest.raises(ExerciseFailed):
+            ch3.check_tolerance_fix(suspicious_grad, seed=0, strict=True)
+        copy = _series_grad(1e-13)  # named fn: the student's attempt
+        attempt = ch3.check_tolerance_fix(copy, seed=0)
+        assert attempt.attempted and str(attempt).startswith("✗"), str(attempt)
+        # a suspicious_grad the student changed so that it is right is graded as usual
+        fixed = _series_grad(1e-13, terms=800)
+        fixed.__name__ = "suspicious_grad"
+        assert ch3.check_tolerance_fix(fixed, seed=0).passed
+
+
 # ------------------------------------------------------- tolerances, pinned (all three)
 
 

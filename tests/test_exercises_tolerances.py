@@ -213,8 +213,12 @@ def _clip_answer(factor):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_clip_tolerance_in_use(seed):
     far = ch6.check_clip(_clip_answer(2.0), seed=seed)
-    assert not far.passed and "off by 2.00e-12 relative (allowed 1e-12)" in str(far)
+    assert not far.passed and "off by 2.00e-12 of the largest |expected|" in str(far)
+    assert "(allowed 1e-12)" in str(far)
     assert ch6.check_clip(_clip_answer(0.5), seed=seed).passed
+    # just outside and just inside (1.1x and 0.9x the tolerance, written out here)
+    assert not ch6.check_clip(_clip_answer(1.1), seed=seed).passed
+    assert ch6.check_clip(_clip_answer(0.9), seed=seed).passed
 
 
 def _grads_answer(factor):
@@ -230,5 +234,8 @@ def _grads_answer(factor):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_grads_tolerance_in_use(seed):
     far = ch6.check_per_walker_grads(_grads_answer(2.0), seed=seed)
-    assert not far.passed and "relative (allowed 1e-12)" in str(far), str(far)
+    assert not far.passed and "off by 2.00e-12 of the largest |expected|" in str(far)
+    assert "(allowed 1e-12)" in str(far), str(far)
     assert ch6.check_per_walker_grads(_grads_answer(0.5), seed=seed).passed
+    assert not ch6.check_per_walker_grads(_grads_answer(1.1), seed=seed).passed
+    assert ch6.check_per_walker_grads(_grads_answer(0.9), seed=seed).passed

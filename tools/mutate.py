@@ -237,6 +237,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "Exercise 3.3's relative tolerance loosened 1000x",
     ),
     Mutant(
+        "ex6-clip-accepts-1e-3",
+        "exercises/ch6.py",
+        "        if r > TOL:  # every case is tried",
+        "        if r > 1e-3:  # every case is tried",
+        ("tests/test_exercises_tolerances.py", "-k", "clip_tolerance"),
+        "Exercise 6.1 accepts answers off by 1e-3 while its message says 1e-12 (#44)",
+    ),
+    Mutant(
+        "ex6-grads-accepts-2x",
+        "exercises/ch6.py",
+        "        if r <= TOL:\n            continue",
+        "        if r <= 2 * TOL:\n            continue",
+        ("tests/test_exercises_tolerances.py", "-k", "grads_tolerance"),
+        "Exercise 6.2 accepts answers off by twice its tolerance",
+    ),
+    Mutant(
         "laplacian-probes-gaussian-scale",
         "laplacian.py",
         "    v = jax.random.rademacher(key, (num_samples, x.shape[0]), dtype=x.dtype)",
@@ -274,7 +290,13 @@ def run_one(mutant: Mutant, python: str) -> tuple[str, str, float]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(src), str(ROOT)])
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-        cmd = [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+        # pyproject's pythonpath = ["src", "."] would put the checkout's unmutated
+        # src/ before PYTHONPATH: emptied here, so the mutated copy is imported
+        cmd = [
+            python,
+            *("-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"),
+            *("-o", "pythonpath="),
+        ]
         try:
             proc = subprocess.run(
                 [*cmd, *mutant.tests],

@@ -464,7 +464,8 @@ class DriftCheck:
 
     def __str__(self) -> str:
         head = (
-            f"JAX {self.jax_version}: {self.probes_run} probes in {self.seconds:.0f} s, "
+            f"JAX {self.jax_version}: {self.probes_run} probes in {self.seconds:.0f} s "
+            "(your machine, this run), "
             f"compared with the book's JAX {self.book_version}."
         )
         if not self.differences:

@@ -15,13 +15,16 @@ from the pieces here:
 
 Policies every checker shares:
 
-* **Time limit.** :func:`call_answer` gives the student's function :data:`TIME_LIMIT`
-  seconds (:func:`time_limit`). A Python-level loop that does not end is interrupted
-  (a ``SIGALRM`` timer in the main thread) and reported as a failure naming the limit.
-  Compiled code cannot be interrupted: a ``lax.while_loop`` whose condition never turns
-  false blocks inside XLA, where neither the timer nor *Interrupt execution* reaches it;
-  after the limit a watchdog thread prints what happened and how to recover (restart
-  the runtime), and the checker returns when XLA does, that is never.
+* **Time limit.** Each public checker runs whole in a worker thread with one budget
+  (:func:`timed_check`, :func:`run_with_time_limit`; :data:`CHECK_LIMIT` seconds unless
+  the chapter says otherwise): the student's calls, every case and the reference work.
+  After the budget (at most :data:`_MARGIN` s more while the machine is loaded) the
+  checker answers with the seconds it waited. A Python-level loop is then stopped (an
+  exception raised in the worker thread); compiled code cannot be: a
+  ``lax.while_loop`` whose condition never turns false runs on inside XLA, and the
+  message says so and asks for a restart (:data:`RESTART_NOTE`). *Interrupt execution*
+  while a checker waits does the same. Called in the main thread outside a checker,
+  :func:`call_answer` keeps its own :data:`TIME_LIMIT` (:func:`time_limit`).
 * **Drawn cases.** :func:`case_rng` draws fresh cases at every check; no seed is
   printed, so a student cannot replay a draw to fit it. A checker's ``seed=`` keyword,
   where it has one, is for tests and for a student who asks for a repeatable run.
@@ -39,6 +42,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
+import inspect
+import os
 import signal
 import sys
 import threading
@@ -54,6 +60,7 @@ from beyondgrad import _checks
 __all__ = [
     "F64_UNIT_ROUNDOFF",
     "NOT_ATTEMPTED",
+    "CHECK_LIMIT",
     "TIME_LIMIT",
     "ExerciseFailed",
     "Feedback",
@@ -71,6 +78,7 @@ __all__ = [
     "run_with_time_limit",
     "scaled_mismatches",
     "time_limit",
+    "timed_check",
     "tree_mismatches",
     "verdict",
 ]
@@ -80,6 +88,11 @@ NOT_ATTEMPTED = "not attempted yet: replace `raise NotImplementedError` with you
 
 #: Seconds a student's function may run in one call from a checker (:func:`time_limit`).
 TIME_LIMIT = 10.0
+
+#: Seconds one whole check may take (:func:`timed_check`): the student's calls, every
+#: case and the reference work, on a loaded 2-core machine; a loop that never ends is
+#: answered within this plus a few seconds (:data:`_MARGIN`, :data:`_GRACE`).
+CHECK_LIMIT = 30.0
 
 #: Longest exception message kept in feedback (characters, lines).
 _MAX_CHARS, _MAX_LINES = 1200, 12
@@ -99,8 +112,11 @@ class Feedback:
     attempted: bool = True
 
     def __str__(self) -> str:
-        if not self.attempted:
-            return f"… {self.exercise}: {NOT_ATTEMPTED}"
+        if not self.attempted:  # the stub's line, or the starter's (3.3) with why
+            first, *rest = self.messages or (NOT_ATTEMPTED,)
+            return "\n".join(
+                [f"… {self.exercise}: {first}", *(f"  - {m}" for m in rest)]
+            )
         mark = "✓" if self.passed else "✗"
         head = f"{mark} {self.exercise}: " + ("correct" if self.passed else "not yet")
         return "\n".join([head, *(f"  - {m}" for m in self.messages)])
@@ -130,11 +146,62 @@ def _trim(text: str) -> str:
     return out if len(out) <= _MAX_CHARS else out[: _MAX_CHARS - 4] + " ..."
 
 
-#: How many times its limit :func:`time_limit` may wait on a loaded machine.
-_MAX_STRETCH = 6
+#: Seconds past its limit :func:`time_limit` may wait while the machine is loaded.
+_TIME_LIMIT_MARGIN = 3.0
 
-#: The limits of the :func:`time_limit` blocks running now (main thread), outermost first.
-_LIMITS: list[float] = []
+#: The share of the wall time this process's threads, together, must have spent
+#: runnable but waiting for a CPU for the machine to count as loaded (:class:`_Load`).
+#: Measured on a 2-core machine: one busy thread alone waits about 3 % of the time,
+#: beside two busy processes about 68 %; a sleeping or blocked thread waits 0 %.
+_LOADED_WAIT_SHARE = 0.2
+
+
+def _runqueue_waits() -> dict[str, int] | None:
+    """Nanoseconds each thread of this process has waited on a run queue (runnable, not
+    running), from Linux's ``/proc/self/task/<tid>/schedstat``; None where unreadable
+    (another platform, a kernel without scheduler statistics)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    waits: dict[str, int] = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                waits[tid] = int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return waits or None
+
+
+class _Load:
+    """Whether the machine has been loaded since this object was made: this process's
+    threads were runnable but waited for a CPU for at least :data:`_LOADED_WAIT_SHARE`
+    of the wall time. A process that merely waits (``time.sleep``, a host callback, a
+    blocked read) is not starved, so its time limit is not extended. Where the
+    scheduler's statistics cannot be read, the machine never counts as loaded (the
+    limits then hold exactly)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.waits = _runqueue_waits()
+
+    def waited(self) -> float:
+        """Seconds this process's threads (those still alive) have waited for a CPU
+        since the start, summed over the threads (0 where unreadable)."""
+        if self.waits is None:
+            return 0.0
+        now = _runqueue_waits() or {}
+        return 1e-9 * sum(w - self.waits.get(tid, 0) for tid, w in now.items())
+
+    def starved(self) -> bool:
+        wall = time.monotonic() - self.start
+        return wall > 0 and self.waited() >= _LOADED_WAIT_SHARE * wall
+
+
+#: The :func:`time_limit` blocks running now (main thread), outermost first: each one's
+#: limit and the ``time.monotonic()`` at its start.
+_LIMITS: list[tuple[float, float]] = []
 
 
 class _OutOfTime(BaseException):
@@ -142,22 +209,22 @@ class _OutOfTime(BaseException):
     so that the student's ``except Exception`` does not swallow it)."""
 
 
-def _out_of_time_message(what: str, seconds: float) -> str:
+def _out_of_time_message(what: str, seconds: float, waited: float) -> str:
     return (
-        f"{what} did not return within {seconds:g} s and was stopped: does a loop "
-        "never end (a while loop without an iteration cap, a tolerance it cannot "
-        "reach)?"
+        f"{what} did not return within {seconds:g} s and was stopped after "
+        f"{waited:.1f} s: does a loop never end (a while loop without an iteration "
+        "cap, a tolerance it cannot reach)?"
     )
 
 
-def _watchdog_message(what: str, seconds: float) -> str:
+def _watchdog_message(what: str, seconds: float, waited: float) -> str:
     return (
-        f"{what} has run for {seconds:g} s inside compiled code. If this cell does not "
-        "finish soon, a loop in it never ends (for example a lax.while_loop whose "
-        "condition never becomes false), and nothing can interrupt compiled code, not "
-        "even Interrupt execution: restart the runtime (Colab: Runtime > Restart "
-        "session; Jupyter: Kernel > Restart), rerun the chapter's first cells, and make "
-        "the loop end (bound its iterations)."
+        f"{what} has run for {waited:.0f} s (limit {seconds:g} s) inside compiled code. "
+        "If this cell does not finish soon, a loop in it never ends (for example a "
+        "lax.while_loop whose condition never becomes false), and nothing can interrupt "
+        "compiled code, not even Interrupt execution: restart the runtime (Colab: "
+        "Runtime > Restart session; Jupyter: Kernel > Restart), rerun the chapter's "
+        "first cells, and make the loop end (bound its iterations)."
     )
 
 
@@ -168,15 +235,13 @@ def time_limit(
     """Stop the ``with`` body after ``seconds``: raises ``TimeoutError`` naming ``what``.
 
     Python code is interrupted by a ``SIGALRM`` timer (main thread only; elsewhere, and
-    where the platform has no ``SIGALRM``, the body runs unlimited). Compiled code
-    blocks inside XLA, where no signal is delivered until it returns: after the limit a
-    watchdog thread prints :func:`_watchdog_message` to stderr instead, once. On a
-    loaded machine (the process got less than 80% of a core since the start) the limit
-    is extended, up to :data:`_MAX_STRETCH` times, so that a right answer is not cut
-    off by someone else's work; unloaded, a Python loop is stopped at ``seconds``. Inside
-    another ``time_limit`` the outer one governs: a checker whose right answers take
-    longer (a large compile) wraps its calls in ``time_limit(60)``, and the
-    :func:`call_answer` calls inside keep that limit.
+    where the platform has no ``SIGALRM``, the body runs unlimited: the checkers run in
+    a worker thread under :func:`run_with_time_limit`, which keeps their time). On a
+    loaded machine (its threads waited for a CPU, :class:`_Load`) the limit
+    is extended by at most :data:`_TIME_LIMIT_MARGIN` s; the message gives the seconds
+    actually waited. Compiled code blocks inside XLA, where no signal is delivered until
+    it returns: after the limit a watchdog thread prints :func:`_watchdog_message` to
+    stderr instead, once. Inside another ``time_limit`` the outer one governs.
     """
     _checks.number(seconds, "seconds", above=0, where="time_limit: ")
     main = threading.current_thread() is threading.main_thread()
@@ -187,37 +252,46 @@ def time_limit(
         yield
         return
 
-    cpu0, wall0 = time.process_time(), time.monotonic()
+    load = _Load()
+    wall0 = load.start
+    last = seconds + _TIME_LIMIT_MARGIN
 
     def starved() -> bool:
-        """Whether this process got less than 80% of a core since the start (a loaded
-        machine): then the limit is extended, up to :data:`_MAX_STRETCH` times."""
-        waited = time.monotonic() - wall0
-        used = time.process_time() - cpu0
-        return used < 0.8 * waited and waited < _MAX_STRETCH * seconds
+        """Whether the machine is loaded (:class:`_Load`) and the margin is not spent:
+        then the limit is extended."""
+        return time.monotonic() - wall0 < last and load.starved()
 
     def on_alarm(signum: int, frame: Any) -> None:
         if starved():
-            signal.setitimer(signal.ITIMER_REAL, seconds / 4)
+            left = last - (time.monotonic() - wall0)
+            signal.setitimer(signal.ITIMER_REAL, max(0.05, min(seconds / 4, left)))
             return
         raise _OutOfTime
 
     done = threading.Event()
 
     def watch() -> None:
-        while not done.wait(seconds + 1.0 if time.monotonic() == wall0 else 1.0):
-            if time.monotonic() - wall0 >= seconds + 1.0 and not starved():
-                print(_watchdog_message(what, seconds), file=sys.stderr, flush=True)
+        if done.wait(seconds):
+            return
+        while not done.wait(0.25):
+            waited = time.monotonic() - wall0
+            if waited >= last or (waited >= seconds + 1.0 and not starved()):
+                print(
+                    _watchdog_message(what, seconds, waited),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     threading.Thread(target=watch, daemon=True).start()
-    _LIMITS.append(seconds)
+    _LIMITS.append((seconds, wall0))
     try:
         yield
     except _OutOfTime:
-        raise TimeoutError(_out_of_time_message(what, seconds)) from None
+        waited = time.monotonic() - wall0
+        raise TimeoutError(_out_of_time_message(what, seconds, waited)) from None
     finally:
         _LIMITS.pop()
         done.set()
@@ -254,7 +328,8 @@ def call_answer(fn: Any, *args: Any, what: str = "your function", **kwargs: Any)
         with time_limit(TIME_LIMIT, what=what):
             return fn(*args, **kwargs)
     except _OutOfTime:  # an enclosing time_limit's timer fired in the student's code
-        return _Failure(_out_of_time_message(what, _LIMITS[0] if _LIMITS else 0))
+        limit, start = _LIMITS[0] if _LIMITS else (0.0, time.monotonic())
+        return _Failure(_out_of_time_message(what, limit, time.monotonic() - start))
     except TimeoutError as e:
         if "did not return within" in str(e):
             return _Failure(str(e))
@@ -621,50 +696,174 @@ class _TimeLimit(BaseException):
     """Raised inside a checker's worker thread once its time is up."""
 
 
+#: Seconds past its limit a check may wait while the machine is loaded (the process's
+#: threads waited for a CPU, :class:`_Load`), plus the second :func:`_stop` waits for
+#: the worker to end: a check answers within its limit + 4 s (a student is promised
+#: the limit + 5 s).
+_MARGIN = 3.0
+_GRACE = 1.0
+
+#: A note printed after a check stopped waiting while the answer still runs.
+RESTART_NOTE = (
+    "the answer is still running in the background (a loop inside compiled code, such "
+    "as a lax.while_loop, cannot be interrupted, not even by Interrupt execution): "
+    "restart the kernel (Colab: Runtime > Restart session; Jupyter: Kernel > Restart) "
+    "to stop it, run the cells above again, then make the loop end"
+)
+
+
+def _timeout_message(
+    what: str, seconds: float, waited: float, *, stopped: bool, busy: float = 0.0
+) -> str:
+    """What :func:`run_with_time_limit` says after ``waited`` s: the limit, the seconds
+    waited, and whether the answer was stopped or still runs (:data:`RESTART_NOTE`);
+    ``busy`` (s the check's threads waited for a CPU, from :class:`_Load`) adds a
+    note when the machine was loaded: a right answer may then need a rerun."""
+    head = (
+        f"{what} did not finish within {seconds:g} s (stopped waiting after "
+        f"{waited:.1f} s); is there a loop whose condition never turns false?"
+    )
+    tail = (
+        "It was stopped."
+        if stopped
+        else f"{RESTART_NOTE[0].upper()}{RESTART_NOTE[1:]}."
+    )
+    if busy >= _LOADED_WAIT_SHARE * waited > 0:
+        tail += (
+            f" The machine was busy (the check waited {busy:.0f} s for a CPU): if "
+            "your code has no endless loop, run the check again."
+        )
+    return f"{head} {tail}"
+
+
+def _stop(worker: threading.Thread, finished: threading.Event) -> bool:
+    """Raise :class:`_TimeLimit` in ``worker`` and wait up to :data:`_GRACE` s for it to
+    end (``finished`` is set when it has); True if it ended. A loop in Python code stops
+    at its next bytecode (the thread runs only the check, whose ``with`` blocks unwind
+    as for any exception); compiled code (XLA) sees the exception only when it returns,
+    which an endless loop never does. ``finished``, not ``worker.is_alive()``, says
+    whether it ended: a ``join`` interrupted by Interrupt execution (KeyboardInterrupt)
+    leaves CPython (3.11, 3.12) reporting a running thread as not alive.
+    """
+    for _ in range(2):  # again, in case the first landed in a handler the answer owns
+        if finished.is_set():
+            return True
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(worker.ident or 0), ctypes.py_object(_TimeLimit)
+        )
+        finished.wait(_GRACE / 2)
+    return finished.is_set()
+
+
 def run_with_time_limit(
     task: Callable[[], Any], seconds: float, *, what: str = "your code"
 ) -> Any:
     """``task()``, or a failure (see :func:`failed`) if it takes more than ``seconds``.
 
-    The task runs in a daemon thread, so a student's endless loop cannot hold the
-    checker: after ``seconds`` the checker returns a message instead. Compiled code
-    cannot be interrupted, so the thread may keep running; the message says to restart
-    the kernel. An exception raised by ``task`` is raised here. Run a whole check as one
-    task: some of JAX's caches are per thread. The caller's ``jax_enable_x64`` setting
-    (which JAX keeps per thread) holds inside the task too.
+    The task runs in a daemon thread and the caller waits for it at most ``seconds``,
+    extended by up to :data:`_MARGIN` s while the process's threads wait for a CPU (a
+    loaded machine, :class:`_Load`; not while the answer sleeps or blocks), so a
+    student's endless loop cannot hold the checker. Then the thread is stopped (:func:`_stop`): a Python loop ends there; a compiled loop runs
+    on, and the failure message says so and asks for a restart (:data:`RESTART_NOTE`).
+    The message gives the seconds actually waited. *Interrupt execution* while waiting
+    stops the thread the same way and prints :data:`RESTART_NOTE` if it still runs.
+    An exception raised by ``task`` is raised here. Run a whole check as one task (one
+    budget per check; some of JAX's caches are per thread). The caller's
+    ``jax_enable_x64`` setting (which JAX keeps per thread) holds inside the task too.
 
     Args:
         task: the work, called with no arguments.
         seconds: how long to wait for it (> 0).
         what: the name of the code in the message ("your solver").
+
+    Returns:
+        ``task()``'s value, or a failure that :func:`failed` turns into its message.
+
+    Raises:
+        TypeError, ValueError: ``seconds`` is not a number > 0.
     """
     _checks.number(seconds, "seconds", above=0, where="run_with_time_limit: ")
     x64 = bool(jax.config.jax_enable_x64)
     box: dict[str, Any] = {}
 
+    finished = threading.Event()
+
     def work() -> None:
         try:
-            with jax.enable_x64(x64):
-                box["value"] = task()
-        except _TimeLimit:  # the caller has stopped waiting
-            pass
-        except BaseException as e:  # handed to the caller's thread
-            box["error"] = e
+            try:
+                with jax.enable_x64(x64):
+                    box["value"] = task()
+            except _TimeLimit:  # the caller has stopped waiting
+                pass
+            except BaseException as e:  # handed to the caller's thread
+                box["error"] = e
+        finally:
+            while not finished.is_set():
+                with contextlib.suppress(_TimeLimit):  # a second stop, landing late
+                    finished.set()
 
+    load = _Load()
+    wall0 = load.start
     worker = threading.Thread(target=work, daemon=True, name="beyondgrad-check")
     worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        # Stops a loop in Python code at its next bytecode; compiled code runs on.
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(worker.ident or 0), ctypes.py_object(_TimeLimit)
-        )
+    try:
+        # an Event, not worker.join: Interrupt during a join corrupts is_alive()
+        finished.wait(seconds)
+        while not finished.is_set():
+            waited = time.monotonic() - wall0
+            if waited >= seconds + _MARGIN or not load.starved():
+                break
+            finished.wait(min(0.25, seconds + _MARGIN - waited))
+    except BaseException:  # Interrupt execution (KeyboardInterrupt) while waiting
+        if not _stop(worker, finished):
+            print(f"{what}: {RESTART_NOTE}.", file=sys.stderr, flush=True)
+        raise
+    if not finished.is_set():
+        waited = time.monotonic() - wall0
+        busy = load.waited()  # before the stop: the worker's own wait counts
+        stopped = _stop(worker, finished)
         return _Failure(
-            f"{what} did not finish within {seconds:g} s; is there a loop whose "
-            "condition never turns false? A compiled loop cannot be interrupted and "
-            "may still be running: restart the kernel (Colab: Runtime > Restart "
-            "session), run the cells above again, then fix the loop"
+            _timeout_message(what, seconds, waited, stopped=stopped, busy=busy)
         )
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def timed_check(
+    exercise: str, seconds: float = 30.0
+) -> Callable[[Callable[..., Feedback]], Callable[..., Feedback]]:
+    """A decorator: the whole checker runs under :func:`run_with_time_limit` with one
+    budget of ``seconds`` (the student's calls, the reference work, every case).
+
+    Past the budget the checker returns (or, called with ``strict=True``, raises) a
+    failed :class:`Feedback` for ``exercise`` naming the limit and the seconds waited.
+
+    Args:
+        exercise: the exercise's name in the feedback ("Exercise 5.1").
+        seconds: the check's budget (> 0).
+
+    Returns:
+        The decorator.
+    """
+    _checks.number(seconds, "seconds", above=0, where="timed_check: ")
+
+    def wrap(check: Callable[..., Feedback]) -> Callable[..., Feedback]:
+        signature = inspect.signature(check)
+
+        @functools.wraps(check)
+        def run(*args: Any, **kwargs: Any) -> Feedback:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            strict = bool(bound.arguments.get("strict", False))
+            result = run_with_time_limit(
+                lambda: check(*args, **kwargs), seconds, what="your answer"
+            )
+            if isinstance(result, _Failure):
+                return verdict(exercise, [result.message], strict=strict)
+            return result
+
+        run.time_limit = seconds  # type: ignore[attr-defined]
+        return run
+
+    return wrap

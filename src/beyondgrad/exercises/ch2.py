@@ -385,6 +385,7 @@ def _banned_dot_product_test() -> Any:
         linear.dot_product_test = saved  # type: ignore[assignment]
 
 
+@ex.timed_check("Exercise 2.1, transpose of exercise_linear_map", ex.CHECK_LIMIT)
 def check_transpose(
     answer: Callable[[jax.Array], PyTree],
     dot_test: Callable[..., Any] | None = None,
@@ -601,6 +602,9 @@ def _call_jitted(answer: Any, f: Callable[..., PyTree], params: PyTree) -> Any:
 JACREV_RTOL = 1e-6
 
 
+@ex.timed_check(
+    "Exercise 2.2, the Jacobian of a pytree-valued function", ex.CHECK_LIMIT
+)
 def check_rebuilt_jacrev(
     answer: Callable[[Callable[[PyTree], PyTree], PyTree], PyTree],
     *,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,8 @@ import numpy as np
 
 from beyondgrad import compat
 from beyondgrad.exercises import (
+    CHECK_LIMIT,
+    ExerciseFailed,
     Feedback,
     call_answer,
     call_within,
@@ -39,6 +42,7 @@ from beyondgrad.exercises import (
     failed,
     is_stub,
     require_callable,
+    timed_check,
     tree_mismatches,
     verdict,
 )
@@ -305,6 +309,7 @@ FIXED_POINT_CASES = 4
 FIXED_POINT_THETA = 1.5
 
 
+@timed_check(_EX1, CHECK_LIMIT)
 def check_fixed_point_grad(
     fn: Callable[[jax.Array], jax.Array],
     *,
@@ -456,6 +461,7 @@ def _sqrtm_case(rng: np.random.Generator, n: int) -> tuple[jax.Array, jax.Array]
     return jnp.asarray(0.5 * (a + a.T)), jnp.asarray(0.5 * (d + d.T))
 
 
+@timed_check(_EX2, CHECK_LIMIT)
 def check_sqrtm(
     fn: Callable[[jax.Array], jax.Array],
     *,
@@ -735,6 +741,34 @@ def _tolerance_fix_hint(
     )
 
 
+def _starter_verdict(
+    fn: Callable, got: object, want: jax.Array, series: Any, hint: str, strict: bool
+) -> Feedback | None:
+    """The verdict for the starter itself: ``suspicious_grad`` (by name) whose value is
+    the starter's (the 20-term series), as the chapter's cell checks it before any
+    edit. It is not the student's attempt: the line says "not attempted yet", gives
+    what the checker finds wrong with the starter, and asks for ``fixed_grad``."""
+    if getattr(fn, "__name__", "") != "suspicious_grad":
+        return None
+    a = np.asarray(got, np.float64)
+    if _series_terms(a, np.asarray(want, np.float64), series) != SUSPICIOUS_TERMS:
+        return None
+    fb = Feedback(
+        _EX3,
+        False,
+        (
+            "not attempted yet: this is the starter suspicious_grad, wrong as the "
+            "statement says; find out why, then write fixed_grad",
+            hint,
+        ),
+        attempted=False,
+    )
+    if strict:
+        raise ExerciseFailed(str(fb))
+    return fb
+
+
+@timed_check(_EX3, CHECK_LIMIT)
 def check_tolerance_fix(
     fn: Callable[[jax.Array], jax.Array],
     *,
@@ -799,6 +833,9 @@ def check_tolerance_fix(
                     at_b0, _ = _deq_gradients(params, b0, 1)
                     hint = _tolerance_fix_hint(got, want, np.asarray(series), at_b0)
                     problems = [hint, *problems]
+                    starter = _starter_verdict(fn, got, want, series, hint, strict)
+                    if starter is not None:
+                        return starter
                 break
         success = (
             f"the gradient matches the exact one to {rtol:g} times its largest entry "

@@ -211,6 +211,9 @@ def _mse(w: jax.Array, X: jax.Array, y: jax.Array) -> jax.Array:
 STEP_RTOL = 2e-6
 
 
+@exercises.timed_check(
+    "Exercise 4.2 (a step with the parameters split over 'data')", exercises.CHECK_LIMIT
+)
 def check_sharded_step(
     step: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
     *,
@@ -287,6 +290,9 @@ _LOOPS = ("scan", "while")
 CARRY_RTOL = 1e-6
 
 
+@exercises.timed_check(
+    "Exercise 4.3 (a loop carry over two mesh axes)", exercises.CHECK_LIMIT
+)
 def check_two_axis_carry(
     weighted_row_sums: Callable[[jax.Array], jax.Array], *, strict: bool = False
 ) -> exercises.Feedback:

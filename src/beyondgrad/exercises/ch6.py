@@ -92,6 +92,8 @@ def _shard(fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
 
 
 def _rel(got: Any, want: np.ndarray) -> float | None:
+    """``max|got - want| / max|want|`` (the checks' measure), or None when ``got`` is
+    not an array of ``want``'s shape."""
     try:
         got = np.asarray(got, np.float64)
     except (TypeError, ValueError):
@@ -102,14 +104,99 @@ def _rel(got: Any, want: np.ndarray) -> float | None:
 
 
 def _near(got: Any, want: np.ndarray, rtol: float = 1e-9) -> bool:
+    """Whether ``got`` is ``want`` up to rounding: how a slip is recognised (a slip
+    moves the answer by far more than 1e-9, see :data:`TOL`'s comment)."""
     r = _rel(got, want)
     return r is not None and r <= rtol
+
+
+def _worst(got: Any, want: np.ndarray, per_device: int, what: str) -> str:
+    """Where ``got`` is furthest from ``want`` (the first axis counts walkers), what it
+    holds there and what was expected, and how far off that is in the checks'
+    measure: ``|got - want| / max|want|`` against :data:`TOL`."""
+    g = np.asarray(got, np.float64)
+    err = np.abs(g - want)
+    i = np.unravel_index(int(np.argmax(err)), err.shape)
+    walker = int(i[0])
+    rest = f", entry {tuple(int(k) for k in i[1:])}" if len(i) > 1 else ""
+    largest = float(np.max(np.abs(want)))
+    return (
+        f"{what} {walker} (device {walker // per_device}, local index "
+        f"{walker % per_device}){rest}: got {g[i]:.17g}, expected {want[i]:.17g}; off "
+        f"by {float(err[i]) / max(largest, 1e-300):.2e} of the largest |expected| "
+        f"{largest:.3g} (allowed {TOL:g})"
+    )
 
 
 def _clip_reference(e: np.ndarray, median: float, mad: float) -> np.ndarray:
     return np.clip(e, median - CLIP_SCALE * mad, median + CLIP_SCALE * mad)
 
 
+#: The window the chapter's ``clip`` uses by default (Section 6.4): a copy of its
+#: cell that keeps ``scale=2.0`` clips to 2 deviations, not :data:`CLIP_SCALE`.
+_CHAPTER_SCALE = 2.0
+
+
+def _clip_slip(got: Any, e: np.ndarray, per_device: int) -> str | None:
+    """The likely slip that gives ``got`` for energies ``e`` (one window of
+    median/mean, over all walkers or per device, MAD over all walkers or per device,
+    or the standard deviation, at :data:`CLIP_SCALE` or the chapter's default), in
+    words, or None when ``got`` is none of them, or clips nothing (a slip that clips
+    nothing at this size is told apart at another)."""
+    if _near(got, e, TOL):
+        return None
+    blocks = e.reshape(DEVICES, per_device)
+    centres = {
+        "median": np.full_like(blocks, np.median(e)),
+        "local median": np.broadcast_to(
+            np.median(blocks, axis=1, keepdims=True), blocks.shape
+        ),
+        "mean": np.full_like(blocks, np.mean(e)),
+    }
+    words = {
+        "local median": (
+            "you used each device's own median: the median is over all walkers "
+            "(lax.all_gather(e_l, 'data', tiled=True) first)"
+        ),
+        "mean": "the window is centred on the mean: centre it on the median",
+        "local mad": (
+            "the MAD is each device's own: average |e - median| over all walkers "
+            "(lax.pmean of the per-device mean over 'data')"
+        ),
+        "std": (
+            "the half-width uses the standard deviation: use the mean absolute "
+            "deviation from the median"
+        ),
+    }
+    for centre_name, centre in centres.items():
+        dev = np.abs(blocks - centre)
+        spreads = {
+            "mad": np.full_like(blocks, np.mean(dev)),
+            "local mad": np.broadcast_to(
+                np.mean(dev, axis=1, keepdims=True), blocks.shape
+            ),
+            "std": np.full_like(blocks, np.std(e)),
+        }
+        for spread_name, spread in spreads.items():
+            for scale in (CLIP_SCALE, _CHAPTER_SCALE):
+                if (centre_name, spread_name, scale) == ("median", "mad", CLIP_SCALE):
+                    continue  # the right answer
+                half = scale * spread
+                candidate = np.clip(blocks, centre - half, centre + half).reshape(-1)
+                if not _near(got, candidate):
+                    continue
+                said = [words[n] for n in (centre_name, spread_name) if n in words]
+                if scale != CLIP_SCALE:
+                    said.append(
+                        f"the window is {scale:g} deviations wide on each side (the "
+                        f"chapter's default scale); the exercise asks for "
+                        f"{CLIP_SCALE:g}: half = {CLIP_SCALE:g} * mad"
+                    )
+                return "; and ".join(said)
+    return None
+
+
+@ex.timed_check("Exercise 6.1 (clip across devices)", ex.CHECK_LIMIT)
 def check_clip(
     fn: Callable[[jax.Array], jax.Array], strict: bool = False, seed: int | None = None
 ) -> ex.Feedback:
@@ -118,7 +205,11 @@ def check_clip(
 
     :data:`CASES` cases; walkers per device drawn from 2..7 and energies from a
     heavy-tailed (Student t, 2 degrees of freedom) distribution around a drawn centre,
-    from ``seed`` (fresh when ``None``; the messages name a seed only when given).
+    from ``seed`` (fresh when ``None``; the messages name a seed only when given). An
+    answer passes when ``max|got - want| <= TOL * max|want|`` in every case. A wrong
+    one gets first the slip it shows in any case, where one is recognised
+    (:func:`_clip_slip`), then, for the first case it fails, the walker furthest off
+    with the value got and the one expected.
     """
     from jax.sharding import PartitionSpec as P
 
@@ -132,6 +223,7 @@ def check_clip(
     step = _shard(fn, P(MESH_AXIS), P(MESH_AXIS))
     rng = np.random.default_rng(seed + 1)
     problems: list[str] = []
+    wrong: list[tuple[str, Any, np.ndarray, np.ndarray, int]] = []
     for per_device in _sizes(seed, 2, 7):
         n = per_device * DEVICES
         e = rng.uniform(-5, 5) + rng.standard_t(2, n)
@@ -153,39 +245,23 @@ def check_clip(
                 f"on each device ({n},) in all; got {np.shape(got)}"
             )
             break
-        if r <= TOL:
-            continue
-        problems.append(f"{case}: off by {r:.2e} relative (allowed {TOL:g})")
-        blocks = e.reshape(DEVICES, per_device)
-        local_median = np.median(blocks, axis=1, keepdims=True)
-        local_mad = np.mean(np.abs(blocks - local_median), axis=1, keepdims=True)
-        local = [
-            np.clip(
-                blocks, local_median - CLIP_SCALE * m, local_median + CLIP_SCALE * m
-            ).reshape(-1)
-            for m in (local_mad, np.mean(local_mad))
+        if r > TOL:  # every case is tried: a slip may show in one size only
+            wrong.append((case, got, e, want, per_device))
+    if wrong and not problems:
+        # the first slip recognised in any case (with 2 walkers per device a
+        # per-device window may clip nothing, and look like no clipping at all)
+        slips = [_clip_slip(got, e, k) for _, got, e, _, k in wrong]
+        slip = next((s for s in slips if s), None)
+        if slip is None and all(_near(got, e, TOL) for _, got, e, _, _ in wrong):
+            slip = (
+                "nothing was clipped: clip every energy to median +- "
+                f"{CLIP_SCALE:g} x MAD (jnp.clip(e_l, median - half, median + half))"
+            )
+        case, got, _, want, per_device = wrong[0]
+        problems = [
+            *([slip] if slip else []),
+            f"{case}: {_worst(got, want, per_device, 'walker')}",
         ]
-        mean_centre = _clip_reference(
-            e, float(np.mean(e)), float(np.mean(np.abs(e - np.mean(e))))
-        )
-        std = _clip_reference(e, median, float(np.std(e)))
-        if _near(got, e, TOL):
-            problems.append("nothing was clipped: clip to median +- scale * MAD")
-        elif any(_near(got, v) for v in local):
-            problems.append(
-                "you used each device's own median: the median is over all walkers "
-                "(lax.all_gather(e_l, 'data', tiled=True) first)"
-            )
-        elif _near(got, mean_centre):
-            problems.append(
-                "the window is centred on the mean: centre it on the median"
-            )
-        elif _near(got, std):
-            problems.append(
-                "the half-width uses the standard deviation: use the mean absolute "
-                "deviation from the median"
-            )
-        break
     if problems:
         problems.append(f"(cases drawn with {drawn})")
     return ex.verdict(
@@ -197,6 +273,36 @@ def check_clip(
     )
 
 
+def _grads_slip(got: Any, want: np.ndarray, per_device: int) -> str | None:
+    """The likely slip that gives ``got`` instead of the per-point gradients ``want``
+    (``(N, 3, H)``), in words, or None when ``got`` is none of them."""
+    hidden = want.shape[2]
+    blocks = want.reshape(DEVICES, per_device, 3, hidden)
+    summed = np.tile(blocks.sum(axis=0), (DEVICES, 1, 1))
+    if _near(got, summed):
+        return (
+            "each gradient is the sum over devices of the gradients at its local "
+            "index: w is invariant, so its cotangent is summed over devices; cast "
+            "w to varying first (compat.pcast_varying(w, 'data'))"
+        )
+    if _near(got, summed / DEVICES):
+        return (
+            "each gradient is the mean over devices of the gradients at its local "
+            "index: no pmean (or psum) belongs here; cast w to varying first "
+            "(compat.pcast_varying(w, 'data')) and return one gradient per point"
+        )
+    if hidden == 3 and _near(got, np.swapaxes(want, 1, 2)):
+        return "each gradient is transposed: dlogpsi/dW has W's shape (3, H)"
+    local_sum = np.repeat(blocks.sum(axis=1), per_device, axis=0)
+    if _near(got, local_sum):
+        return (
+            "each point got the sum of its device's gradients: take one gradient "
+            "per point (jax.vmap(jax.grad(...), in_axes=(None, 0)))"
+        )
+    return None
+
+
+@ex.timed_check("Exercise 6.2 (per-walker gradients)", ex.CHECK_LIMIT)
 def check_per_walker_grads(
     fn: Callable[[jax.Array, jax.Array], jax.Array],
     strict: bool = False,
@@ -236,32 +342,33 @@ def check_per_walker_grads(
             return ex.verdict(name, [], attempted=False, strict=strict)
         failure = ex.failed(got)
         if failure:
-            problems.append(f"{case}: {failure}")
             if "TypeError" in failure:
                 problems.append(
                     "w is invariant (replicated): cast it to varying first, "
                     "compat.pcast_varying(w, 'data') or lax.pcast(w, 'data', "
                     "to='varying')"
                 )
+            problems.append(f"{case}: {failure}")
             break
         r = _rel(got, want)
         if r is None:
+            transposed = (n, hidden, 3)
             problems.append(
                 f"{case}: return ({per_device}, 3, {hidden}) gradients per device "
                 f"(({n}, 3, {hidden}) in all); got {np.shape(got)}"
+                + (
+                    ": each gradient transposed (dlogpsi/dW has W's shape (3, H))"
+                    if np.shape(got) == transposed
+                    else ""
+                )
             )
             break
         if r <= TOL:
             continue
-        problems.append(f"{case}: off by {r:.2e} relative (allowed {TOL:g})")
-        blocks = want.reshape(DEVICES, per_device, 3, hidden)
-        summed = np.tile(blocks.sum(axis=0), (DEVICES, 1, 1))
-        if _near(got, summed):
-            problems.append(
-                "each gradient is the sum over devices of the gradients at its local "
-                "index: w is invariant, so its cotangent is summed over devices; cast "
-                "w to varying first (compat.pcast_varying(w, 'data'))"
-            )
+        slip = _grads_slip(got, want, per_device)
+        if slip:
+            problems.append(slip)
+        problems.append(f"{case}: {_worst(got, want, per_device, 'point')}")
         break
     if problems:
         problems.append(f"(cases drawn with {drawn})")

@@ -1,0 +1,210 @@
+"""A checker answers an endless loop within its limit + a few seconds on a loaded machine.
+
+A CPU hog (one busy subprocess per core, each ending by itself after
+:data:`HOG_SECONDS`) runs beside the checks, as a busy 2-vCPU Colab does. Each check
+has a short limit (:data:`LIMIT`) so that the file runs in well under a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from beyondgrad import exercises as ex
+
+#: The limit of the checks here (seconds), and what a student is promised beyond it.
+LIMIT = 2.0
+PROMISED_MARGIN = 5.0
+
+#: Seconds each hog process spins before it exits on its own (a bound even if the
+#: fixture's teardown never runs).
+HOG_SECONDS = 60.0
+
+_HOG = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@pytest.fixture
+def cpu_hog() -> Iterator[None]:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _HOG.format(s=HOG_SECONDS)])
+        for _ in range(os.cpu_count() or 1)
+    ]
+    time.sleep(0.5)  # the hogs are spinning
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _waited(message: str) -> float:
+    found = re.search(r"stopped waiting after ([0-9.]+) s", message)
+    assert found, message
+    return float(found.group(1))
+
+
+def _check_threads() -> list[threading.Thread]:
+    """The checkers' worker threads the OS still runs. Not ``is_alive()``: after a
+    ``join`` interrupted by KeyboardInterrupt CPython reports a running thread as not
+    alive (the state in which Interrupt used to leave a student's loop running)."""
+    time.sleep(0.1)  # a thread that has just finished leaves the OS's list
+    return [
+        t
+        for t in threading.enumerate()
+        if t.name == "beyondgrad-check"
+        and (t.is_alive() or os.path.exists(f"/proc/self/task/{t.native_id}"))
+    ]
+
+
+@ex.timed_check("Toy exercise", LIMIT)
+def _toy_check(fn, strict: bool = False) -> ex.Feedback:
+    """A checker as the chapters write them: a stub probe, then three cases."""
+    problems = []
+    for x in (0.0, 1.0, 2.0):
+        got = ex.failed(ex.call_answer(fn, x, what="your function"))
+        if got:
+            problems.append(got)
+    return ex.verdict("Toy exercise", problems, strict=strict)
+
+
+def test_an_endless_python_loop_is_answered_and_stopped_on_a_loaded_machine(cpu_hog):
+    def endless(x):
+        while True:
+            try:
+                x = x + 1
+            except Exception:  # a student's handler does not swallow the stop
+                pass
+
+    start = time.monotonic()
+    fb = _toy_check(endless)
+    took = time.monotonic() - start
+    text = str(fb)
+    assert not fb.passed
+    # one budget for the whole check, not one per case
+    assert LIMIT <= took <= LIMIT + PROMISED_MARGIN, (took, text)
+    assert f"did not finish within {LIMIT:g} s" in text, text
+    assert LIMIT <= _waited(text) <= took, text  # the real seconds, not the limit
+    assert "It was stopped." in text and "restart" not in text, text
+    assert not _check_threads(), "the answer's thread still runs"
+    with pytest.raises(ex.ExerciseFailed, match="did not finish within"):
+        _toy_check(endless, strict=True)
+
+
+def test_interrupt_stops_a_python_loop(cpu_hog):
+    import signal
+
+    def endless():
+        while True:
+            pass
+
+    # what Interrupt execution does: SIGINT to the kernel's process
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        ex.run_with_time_limit(endless, 60.0)
+    assert time.monotonic() - start < 1.0 + PROMISED_MARGIN
+    assert not _check_threads(), "Interrupt left the answer's thread running"
+
+
+_COMPILED = textwrap.dedent(
+    """
+    import os, sys, time
+    import jax, jax.numpy as jnp
+    from jax import lax
+    from beyondgrad import exercises as ex
+
+    never_ends = jax.jit(
+        lambda x: lax.while_loop(lambda c: c[1] >= 0, lambda c: (c[0] + 1.0, c[1]), (x, 1))
+    )
+    compiled = never_ends.lower(jnp.float32(0)).compile()  # compiled before the clock
+
+    @ex.timed_check("Toy exercise", {limit})
+    def check(fn, strict=False):
+        got = ex.failed(ex.call_answer(fn, jnp.float32(0)))
+        return ex.verdict("Toy exercise", [got] if got else [], strict=strict)
+
+    start = time.monotonic()
+    fb = check(compiled)
+    print("TOOK", time.monotonic() - start)
+    print(fb, flush=True)
+    os._exit(0)  # the XLA loop cannot be stopped; the process ends it
+    """
+)
+
+
+def test_an_endless_compiled_loop_is_answered_with_the_restart_note(cpu_hog):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", _COMPILED.format(limit=LIMIT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    took = float(re.search(r"TOOK ([0-9.]+)", out.stdout).group(1))
+    assert LIMIT <= took <= LIMIT + PROMISED_MARGIN, out.stdout
+    assert f"did not finish within {LIMIT:g} s" in out.stdout, out.stdout
+    assert LIMIT <= _waited(out.stdout) <= took, out.stdout
+    assert "still running in the background" in out.stdout, out.stdout
+    assert "restart the kernel (Colab: Runtime > Restart session" in out.stdout
+
+
+def test_a_waiting_answer_is_not_a_loaded_machine(cpu_hog):
+    """The limit is extended only while this process's threads wait for a CPU: an
+    answer that sleeps or blocks (a host callback, a read) is not starved, though the
+    process then uses no CPU. (Measuring the process's CPU share read such an answer as
+    a loaded machine and stretched a 1 s limit to 4 s.)"""
+    if ex._runqueue_waits() is None:
+        pytest.skip("no scheduler statistics on this platform: limits are exact")
+    sleeping = ex._Load()
+    time.sleep(1.0)
+    assert not sleeping.starved()
+    busy = ex._Load()
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:  # runnable throughout, beside one hog per core
+        pass
+    assert busy.starved()
+
+
+def test_a_sleeping_answer_is_stopped_at_the_limit(cpu_hog):
+    """No stretching for an answer that sleeps: answered at the limit + the stop."""
+
+    def sleeper():
+        while True:
+            time.sleep(0.05)
+
+    start = time.monotonic()
+    got = ex.run_with_time_limit(sleeper, LIMIT, what="your answer")
+    took = time.monotonic() - start
+    assert LIMIT <= took <= LIMIT + ex._GRACE + 0.5, took
+    assert _waited(ex.failed(got)) < LIMIT + 0.5, ex.failed(got)
+    assert not _check_threads()
+
+
+def test_a_check_cut_off_on_a_busy_machine_says_so(cpu_hog):
+    """Past the margin on a loaded machine, the message says the machine was busy and
+    that a right answer may be rerun (the bound on stretching can cut off slow right
+    answers; the student must not be told only that a loop never ends)."""
+
+    def busy():
+        while True:
+            pass
+
+    text = ex.failed(ex.run_with_time_limit(busy, LIMIT, what="your answer"))
+    if ex._runqueue_waits() is None:
+        pytest.skip("no scheduler statistics on this platform")
+    found = re.search(
+        r"The machine was busy \(the check waited (\d+) s for a CPU\)", text
+    )
+    assert found and "run the check again" in text, text
+    assert 0 < int(found.group(1)) <= _waited(text) + 1, text
