@@ -54,17 +54,53 @@ __all__ = [
 #: Length of the vector ``x`` of :func:`exercise_linear_map`.
 EXERCISE_MAP_SIZE = 6
 
-#: Transposes are compared to this times the reference's largest entry (each entry):
-#: over 300 drawn cotangents a hand-written and a dense transpose differ from the
-#: reference (float32) by up to 3.8e-7 of it (JAX 0.12): 5x below.
-TRANSPOSE_RTOL = 2e-6
-#: The dot-product test of a correct transpose: up to 9e-8 over 100 drawn vectors
-#: (JAX 0.12); 3x that.
-DOT_PRODUCT_TOL = 3e-7
+#: The unit roundoff of float32, 2**-24: a correctly rounded float32 operation errs by
+#: at most this much relative to its exact result.
+F32_UNIT_ROUNDOFF = 2.0**-24
+
+# Exercise 2.1, from a count of roundings (float32, u = 2**-24; a sum of m terms in any
+# order, or any tree of m - 1 additions, errs by at most (m - 1) u sum |terms| to
+# first order). The transpose is x'_j = sum_{i >= j} v_i - v_{j+1 mod n} and
+# s' = sum_i w_i v_i, n = 6. A correct student may sum in another order, e.g.
+# total - cumsum(v) + v - roll(v, -1): its terms are all v_i (the total), v_0..v_j
+# (the prefix), v_j and v_{j+1}, so every reasonable formula's terms have magnitudes
+# summing to at most S_j = 2 sum_i |v_i| + |v_{j+1}| (:func:`_transpose_scale`), with
+# m <= 2n + 2 = 14 terms: error <= 13 u S_j. For s', S = sum_i |w_i v_i|: n products
+# (n u S), n - 1 additions, and a weight rounded differently (jnp.linspace in float32
+# against NumPy's, 1 u S): <= (2n) u S = 12 u S. The checker's reference (JAX's
+# transpose of the map in jnp, float32) errs as much again, so a correct answer is
+# within 26 u S of the reference entrywise. TRANSPOSE_RTOL = 64 u = 3.8e-6: 2.5x the
+# bound. A slip (a term dropped, the shift not reversed, s unweighted) errs by the
+# size of a drawn v_i, ~1e5 times more for all but freak draws.
+#: Exercise 2.1: each entry of a transpose must be within this times the sum of the
+#: magnitudes of its terms, S_j (derived in the comment above).
+TRANSPOSE_RTOL = 64 * F32_UNIT_ROUNDOFF
+# Exercise 2.1's own dot-product test: |<f(a), b> - <a, f^T(b)>| for drawn a = (x, s) and
+# b, both pairings accumulated in float64 (their rounding is ~1e-16 of D below, not
+# counted). The host map's entry i, a sum of at most n + 2 terms (cumsum, the shift, s
+# w_i), errs by <= (n + 1) u (|A| |a|)_i; the student's transpose entry j by <= 13 u
+# S_j (above; S_6 = sum |w_i b_i| for s'). So the mismatch is at most
+# (n + 1) u |b|^T |A| |a| + 13 u sum_j |a_j| S_j <= 20 u D, D = sum_j |a_j| S_j (since
+# (|A|^T |b|)_j <= S_j), computed per draw in float64. DOT_PRODUCT_TOL = 64 u = 3.8e-6,
+# 3.2x the bound. A transpose off by a factor 1 + e shows e |<a, f^T b>|, which for
+# drawn vectors is a fraction of D, so slips far above rounding are caught.
+#: Exercise 2.1: the checker's dot-product test allows this times D = sum_j |a_j| S_j.
+DOT_PRODUCT_TOL = 64 * F32_UNIT_ROUNDOFF
 
 
 def _weights_np() -> np.ndarray:
     return np.linspace(1.0, 2.0, EXERCISE_MAP_SIZE, dtype=np.float32)
+
+
+def _transpose_scale(v: Any) -> dict[str, np.ndarray]:
+    """S of :data:`TRANSPOSE_RTOL` for the cotangent ``v``, float64: ``{"x": 2 sum
+    |v| + |roll(v, -1)|, "s": sum |w v|}``, the magnitudes of the terms any reasonable
+    formula for the transpose sums."""
+    a = np.abs(np.asarray(v, np.float64))
+    return {
+        "x": 2 * a.sum() + np.roll(a, -1),
+        "s": np.asarray(np.abs(_weights_np().astype(np.float64)) @ a),
+    }
 
 
 #: True while a student's transpose runs: the map raises then (exercise 2.1 asks for
@@ -385,6 +421,30 @@ def _banned_dot_product_test() -> Any:
         linear.dot_product_test = saved  # type: ignore[assignment]
 
 
+def _dot_mismatch(
+    answer: Callable[[jax.Array], PyTree], rng: np.random.Generator
+) -> float:
+    """The checker's dot-product test of a transpose at a drawn ``(x, s)`` and ``v``:
+    ``|<f(x, s), v> - <(x, s), answer(v)>|`` (pairings in float64) in units of its
+    allowed value ``DOT_PRODUCT_TOL * sum_j |(x, s)_j| S_j`` (see
+    :data:`DOT_PRODUCT_TOL`); at most 1 passes."""
+    n = EXERCISE_MAP_SIZE
+    x, s = rng.normal(size=n).astype(np.float32), np.float32(rng.normal())
+    v = rng.normal(size=n).astype(np.float32)
+    image = np.asarray(
+        exercise_linear_map({"x": jnp.asarray(x), "s": jnp.asarray(s)}), np.float64
+    )
+    back = _unwrap(answer(jnp.asarray(v)))
+    left = float(image @ v.astype(np.float64))
+    right = float(
+        x.astype(np.float64) @ np.asarray(back["x"], np.float64)
+        + np.float64(s) * np.float64(np.asarray(back["s"]))
+    )
+    scale = _transpose_scale(v)
+    d = float(np.abs(x) @ scale["x"] + abs(float(s)) * float(scale["s"]))
+    return abs(left - right) / (DOT_PRODUCT_TOL * d)
+
+
 def check_transpose(
     answer: Callable[[jax.Array], PyTree],
     dot_test: Callable[..., Any] | None = None,
@@ -397,9 +457,10 @@ def check_transpose(
 
     For three cotangents ``v: f32[6]`` drawn afresh at every check the answer must
     return ``{"x": f32[6], "s": f32[]}`` (a 1-tuple of it is accepted) matching the
-    reference transpose to ``TRANSPOSE_RTOL`` times its largest entry; then the dot-product test
-    (:func:`beyondgrad.linear.dot_product_test`) against the host map, at drawn
-    vectors, must be below ``DOT_PRODUCT_TOL``. A wrong transpose gets first a line
+    reference transpose entrywise to ``TRANSPOSE_RTOL`` times the sum of the magnitudes
+    of the entry's terms; then the checker's dot-product test against the host map, at
+    drawn vectors, must be within ``DOT_PRODUCT_TOL`` times its own sum of magnitudes
+    (both derived from a count of float32 roundings). A wrong transpose gets first a line
     naming the wrong part and the usual slip (cumsum kept, the shift not reversed, a
     sign, s dropped or unweighted, a factor), never the answer. While the answer runs,
     the names in :data:`TRANSPOSE_BANNED` raise, and so do JAX's transposition,
@@ -439,15 +500,21 @@ def check_transpose(
         got = _unwrap(got)
         label = f"your_transpose(v{k})"
         want = reference(v)[0]
-        scale = max(float(jnp.max(jnp.abs(t))) for t in jax.tree.leaves(want))
         problems = ex.tree_mismatches(
-            got,
-            want,
-            rtol=0.0,  # relative to the largest entry: sums of six round alike
-            atol=TRANSPOSE_RTOL * scale,
-            name=label,
-            allow_python_scalars=False,
+            got, want, rtol=0.0, atol=np.inf, name=label, allow_python_scalars=False
         )
+        if not problems:  # entrywise against S_j, the magnitudes of the terms
+            scale = _transpose_scale(v)
+            for part in ("x", "s"):
+                problems += ex.scaled_mismatches(
+                    got[part],
+                    want[part],
+                    scale[part],
+                    tol=TRANSPOSE_RTOL,
+                    name=f"{label}[{part!r}]",
+                    scale_name="the sum of the magnitudes of its terms",
+                    allow_python_scalars=False,
+                )
         problems += [] if problems else _dtype_problems(got, label)
         if problems:
             kind = ex.return_kind_problem(got, want) or any(
@@ -476,28 +543,20 @@ def check_transpose(
         return ex.verdict(name, [problem], strict=strict)
     if problems:
         return ex.verdict(name, problems, strict=strict)
-    keys = [jax.random.key(int(rng.integers(2**31))) for _ in range(3)]
-    worst = max(
-        linear.dot_product_test(
-            exercise_linear_map,
-            lambda v: _unwrap(answer(v)),
-            example,
-            jnp.zeros(EXERCISE_MAP_SIZE, jnp.float32),
-            key,
-        )
-        for key in keys
-    )
-    if worst > DOT_PRODUCT_TOL:
+    worst = max(_dot_mismatch(answer, rng) for _ in range(3))
+    if worst > 1.0:
         problem = (
-            f"dot-product test mismatch {worst:.2e} (allowed {DOT_PRODUCT_TOL:g}): "
+            f"dot-product test mismatch {worst:.3g} x the allowed "
+            f"{DOT_PRODUCT_TOL:.2g} x sum_j |x_j| S_j (float32 rounding of the terms): "
             "your transpose is close but not exact; compute every term in float32 "
             "from v alone (no rounded constants, no scaling)"
         )
         return ex.verdict(name, [problem], strict=strict)
     success = (
-        f"matches the transpose on 3 drawn cotangents ({TRANSPOSE_RTOL:g} of its "
-        "largest entry); "
-        f"worst dot-product mismatch {worst:.1e} (allowed {DOT_PRODUCT_TOL:g}); "
+        f"matches the transpose on 3 drawn cotangents (|error| <= {TRANSPOSE_RTOL:.2g} "
+        "x the sum of the magnitudes of each entry's terms); "
+        f"worst dot-product mismatch {worst:.2g} x the allowed {DOT_PRODUCT_TOL:.2g} "
+        "x sum_j |x_j| S_j; "
         f"your dot test tells the right transpose from {len(DOT_TEST_WRONG)} wrong ones"
     )
     return ex.verdict(name, [], success=success, strict=strict)
