@@ -30,12 +30,15 @@ U32 = 2.0**-24  # float32 unit roundoff
 TRANSPOSE_TOL = 64 * U32  # 2.1, times the sum of the magnitudes of the terms (in
 # use: tests/test_exercises_ch2.py, test_check_transpose_tolerance_in_use and
 # test_check_dot_product_tolerance_in_use)
+JACREV_TOL = 256 * U32  # 2.2, times the magnitudes of the terms (in use:
+# tests/test_exercises_ch2.py, test_check_rebuilt_jacrev_tolerance_in_use)
 
 
 def test_the_tolerances_are_those_written_here():
     assert (ch5.FL_TOL, ch5.ROW_TOL, ch3.SQRTM_TOL) == (FL_TOL, ROW_TOL, SQRTM_TOL)
     assert ch6.TOL == SHARDED_TOL
     assert ch2.TRANSPOSE_RTOL == ch2.DOT_PRODUCT_TOL == TRANSPOSE_TOL
+    assert ch2.JACREV_RTOL == JACREV_TOL
 
 
 # --- 5.1 -------------------------------------------------------------------------------
