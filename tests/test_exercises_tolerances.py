@@ -17,7 +17,7 @@ import pytest
 from jax import lax
 
 from beyondgrad import compat, runtime
-from beyondgrad.exercises import ch2, ch3, ch5, ch6
+from beyondgrad.exercises import ch2, ch3, ch4, ch5, ch6
 
 runtime.ensure_cpu_devices(8)
 
@@ -32,6 +32,8 @@ TRANSPOSE_TOL = 64 * U32  # 2.1, times the sum of the magnitudes of the terms (i
 # test_check_dot_product_tolerance_in_use)
 JACREV_TOL = 256 * U32  # 2.2, times the magnitudes of the terms (in use:
 # tests/test_exercises_ch2.py, test_check_rebuilt_jacrev_tolerance_in_use)
+STEP_TOL = 128 * U32  # 4.2, times S_j (in use: tests/test_exercises_ch4.py,
+# test_sharded_step_tolerance_in_use)
 
 
 def test_the_tolerances_are_those_written_here():
@@ -39,6 +41,7 @@ def test_the_tolerances_are_those_written_here():
     assert ch6.TOL == SHARDED_TOL
     assert ch2.TRANSPOSE_RTOL == ch2.DOT_PRODUCT_TOL == TRANSPOSE_TOL
     assert ch2.JACREV_RTOL == JACREV_TOL
+    assert ch4.STEP_RTOL == STEP_TOL
 
 
 # --- 5.1 -------------------------------------------------------------------------------
