@@ -305,14 +305,53 @@ def _times(fn, factor):
     return lambda *args: fn(*args) * factor
 
 
-def test_sharded_step_tolerance_is_pinned():
-    # both solutions differ from one device by 1e-7..3e-7 (float32); STEP_RTOL is 2e-6
-    rtol = ch4.STEP_RTOL
-    far = ch4.check_sharded_step(_times(solution_local_then_scatter, 1 + 3 * rtol))
+U32 = 2.0**-24  # float32 unit roundoff
+
+
+def _step_scale_by_hand(w, X, y, lr=0.1):
+    """S_j = |w_j| + lr (2/n) sum_i |X_ij| (sum_k |X_ik w_k| + |y_i|), term by term."""
+    w, X, y = (np.asarray(a, np.float64) for a in (w, X, y))
+    n, d = X.shape
+    out = []
+    for j in range(d):
+        rows = [
+            abs(X[i, j]) * (sum(abs(X[i, k] * w[k]) for k in range(d)) + abs(y[i]))
+            for i in range(n)
+        ]
+        out.append(abs(w[j]) + lr * 2 / n * sum(rows))
+    return np.array(out)
+
+
+def _offset_step(fn, factor):
+    """``fn``'s step plus ``factor`` x 128 u S_j on every entry (S_j of the full data,
+    picked for this device's block by the block's position)."""
+    w, X, y = ch4.step_problem()
+    shift = jnp.asarray(factor * 128 * U32 * _step_scale_by_hand(w, X, y), jnp.float32)
+
+    def step(w_block, X_block, y_block):
+        size = w_block.shape[0]
+        start = lax.axis_index("data") * size
+        return fn(w_block, X_block, y_block) + lax.dynamic_slice(
+            shift, (start,), (size,)
+        )
+
+    return step
+
+
+def test_sharded_step_tolerance_in_use():
+    assert ch4.STEP_RTOL == 128 * U32  # derived in ch4's comment: 54 u S, 2.4x that
+    w, X, y = ch4.step_problem()
+    np.testing.assert_allclose(
+        ch4._step_scale(w, X, y, 0.1), _step_scale_by_hand(w, X, y), rtol=1e-13
+    )
+    far = ch4.check_sharded_step(_offset_step(solution_local_then_scatter, 2.0))
     assert not far and "on 1 device(s)" in str(far), str(far)
-    near = ch4.check_sharded_step(_times(solution_through_all_gather, 1 + 0.3 * rtol))
+    assert "allowed 7.6e-06 x" in str(far), str(far)
+    near = ch4.check_sharded_step(_offset_step(solution_through_all_gather, 0.5))
     assert near, str(near)
-    assert f"(relative error <= {rtol:g}" in str(near)
+    assert "(|error| <= 7.6e-06 x S_j" in str(near), str(near)
+    below = ch4.check_sharded_step(_offset_step(solution_through_all_gather, -2.0))
+    assert not below, str(below)
 
 
 def test_two_axis_carry_tolerance_is_pinned():

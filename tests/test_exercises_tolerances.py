@@ -17,7 +17,7 @@ import pytest
 from jax import lax
 
 from beyondgrad import compat, runtime
-from beyondgrad.exercises import ch3, ch5, ch6
+from beyondgrad.exercises import ch2, ch3, ch4, ch5, ch6
 
 runtime.ensure_cpu_devices(8)
 
@@ -26,11 +26,22 @@ FL_TOL = 64 * U  # 5.1, times the sum of the magnitudes of the terms
 ROW_TOL = 64 * U  # 5.2, times n cond(A) (|u| |A^-1 e_i|)^2
 SQRTM_TOL = 1e-8  # 3.2, absolute plus relative
 SHARDED_TOL = 1e-12  # 6.1 and 6.2, times the largest entry of the answer
+U32 = 2.0**-24  # float32 unit roundoff
+TRANSPOSE_TOL = 64 * U32  # 2.1, times the sum of the magnitudes of the terms (in
+# use: tests/test_exercises_ch2.py, test_check_transpose_tolerance_in_use and
+# test_check_dot_product_tolerance_in_use)
+JACREV_TOL = 256 * U32  # 2.2, times the magnitudes of the terms (in use:
+# tests/test_exercises_ch2.py, test_check_rebuilt_jacrev_tolerance_in_use)
+STEP_TOL = 128 * U32  # 4.2, times S_j (in use: tests/test_exercises_ch4.py,
+# test_sharded_step_tolerance_in_use)
 
 
 def test_the_tolerances_are_those_written_here():
     assert (ch5.FL_TOL, ch5.ROW_TOL, ch3.SQRTM_TOL) == (FL_TOL, ROW_TOL, SQRTM_TOL)
     assert ch6.TOL == SHARDED_TOL
+    assert ch2.TRANSPOSE_RTOL == ch2.DOT_PRODUCT_TOL == TRANSPOSE_TOL
+    assert ch2.JACREV_RTOL == JACREV_TOL
+    assert ch4.STEP_RTOL == STEP_TOL
 
 
 # --- 5.1 -------------------------------------------------------------------------------
