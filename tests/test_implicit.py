@@ -976,6 +976,39 @@ def test_cg_tangent_solver_takes_a_negative_definite_system_not_an_indefinite_on
             assert np.all(np.isnan(g)), g
 
 
+def test_cg_tangent_solver_is_right_on_a_complex_hermitian_system(x64):
+    """A Hermitian positive definite dF/dx is not its own transpose (A^T = conj(A)):
+    the "cg" tangent solver must not claim symmetry there, or reverse mode solves
+    with A instead of A^T. Gradient and JVP of x* = A^{-1} t (holomorphic in t)
+    against the closed form A^{-T} and A^{-1}, for "cg" and "gmres"."""
+    rng = np.random.default_rng(3)
+    m = rng.normal(size=(4, 4)) + 1j * rng.normal(size=(4, 4))
+    h = m @ m.conj().T + 4 * np.eye(4)  # Hermitian positive definite
+    a = jnp.asarray(h)
+    t0 = jnp.asarray(rng.normal(size=4) + 1j * rng.normal(size=4))
+    c = jnp.asarray(rng.normal(size=4) + 1j * rng.normal(size=4))
+    want_grad = np.linalg.solve(h.T, np.asarray(c))  # d(c . x*)/dt = A^{-T} c
+    want_jvp = np.linalg.solve(h, np.asarray(c))  # dx* along c
+    solvers = {
+        "cg": im.iterative_tangent_solve("cg", 1e-12),
+        "gmres": im.iterative_tangent_solve("gmres", 1e-12),
+    }  # (dense_tangent_solve refuses complex unknowns with a named TypeError)
+    for solver, tangent_solve in solvers.items():
+        # root_find takes real roots only; lax.custom_root with the tangent solvers
+        def root(t, tangent_solve=tangent_solve):
+            return lax.custom_root(
+                lambda x: a @ x - t,
+                jnp.zeros(4, a.dtype),
+                lambda f, x0: jnp.linalg.solve(a, t),
+                tangent_solve,
+            )
+
+        g = jax.grad(lambda t: jnp.dot(c, root(t)), holomorphic=True)(t0)
+        _, j = jax.jvp(root, (t0,), (c,))
+        np.testing.assert_allclose(np.asarray(g), want_grad, rtol=1e-9, err_msg=solver)
+        np.testing.assert_allclose(np.asarray(j), want_jvp, rtol=1e-9, err_msg=solver)
+
+
 def test_restarted_gmres_tangent_solver_stagnates_on_a_cyclic_permutation():
     """The docstring's claim: dF/dx a 40x40 cyclic shift (orthogonal, invertible);
     GMRES restarted every 20 steps makes no progress (relative error 1.0 on both JAX

@@ -416,7 +416,8 @@ def iterative_tangent_solve(
     right-hand sides near ``1e-16``. The largest entry, unlike the squared norm, does
     not underflow.
 
-    ``cg`` needs a symmetric definite ``A`` (positive or negative definite, e.g. a
+    ``cg`` needs a symmetric definite ``A``, or a Hermitian definite one for complex
+    operands (positive or negative definite, e.g. a
     positive definite Hessian at a minimum; a strict minimum is not enough: the
     Hessian of ``w**4`` vanishes at ``w = 0``); on an indefinite one it can return NaN
     without an error. ``gmres`` (restarted every 20 steps) needs an ``A`` on which restarted
@@ -451,8 +452,19 @@ def iterative_tangent_solve(
         return jax.tree_util.tree_map(lambda leaf: leaf * scale.astype(leaf.dtype), x)
 
     def solve(g: Callable[[PyTree], PyTree], y: PyTree) -> PyTree:
+        # A real symmetric A is its own transpose; a complex Hermitian one is not
+        # (A^T = conj(A)), so JAX's own cg claims symmetry only for real operands, and
+        # so does this: the transposed solve then runs cg on A^T, Hermitian as well.
+        real = all(
+            not jnp.issubdtype(jnp.result_type(leaf), jnp.complexfloating)
+            for leaf in jax.tree_util.tree_leaves(y)
+        )
         return lax.custom_linear_solve(
-            g, y, solve=inner, transpose_solve=inner, symmetric=(method == "cg")
+            g,
+            y,
+            solve=inner,
+            transpose_solve=inner,
+            symmetric=(method == "cg" and real),
         )
 
     return solve
