@@ -280,11 +280,15 @@ def render(record: dict) -> str:
         cells = [
             "not run"
             if d is None
-            else f"{'✓' if d['returncode'] == 0 else '✗'} {d['summary']}"
+            else f"{'✓' if d['returncode'] == 0 else '✗'} {d['draws']} draws: "
+            f"{d['summary']}"
             for d in draws
         ]
-        n = max(d["draws"] for d in draws if d)
-        rows.append(f"| checkers, {n} drawn cases each | " + " | ".join(cells) + " |")
+        rows.append(
+            "| checkers on their own solutions, drawn cases per checker | "
+            + " | ".join(cells)
+            + " |"
+        )
     runs = sorted(
         {
             (p.get("date", record["date"]), p.get("commit", record["commit"]))
