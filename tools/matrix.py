@@ -280,11 +280,15 @@ def render(record: dict) -> str:
         cells = [
             "not run"
             if d is None
-            else f"{'✓' if d['returncode'] == 0 else '✗'} {d['summary']}"
+            else f"{'✓' if d['returncode'] == 0 else '✗'} {d['draws']} draws: "
+            f"{d['summary']}"
             for d in draws
         ]
-        n = max(d["draws"] for d in draws if d)
-        rows.append(f"| checkers, {n} drawn cases each | " + " | ".join(cells) + " |")
+        rows.append(
+            "| checkers on their own solutions, drawn cases per checker | "
+            + " | ".join(cells)
+            + " |"
+        )
     runs = sorted(
         {
             (p.get("date", record["date"]), p.get("commit", record["commit"]))
@@ -332,6 +336,24 @@ def write_page(record: dict) -> None:
     )
 
 
+def save(ran: list[dict]) -> dict:
+    """Write the record and the page with the points in ``ran``; points not run now
+    keep their earlier entry (each entry names its own date and commit)."""
+    kept = json.loads(RECORD.read_text())["points"] if RECORD.exists() else []
+    by_name = {p["point"]: p for p in kept} | {p["point"]: p for p in ran}
+    order = [p.name for p in MATRIX]
+    record = {
+        "date": _dt.date.today().isoformat(),
+        "commit": git_commit(),
+        "machine": f"{os.cpu_count()} CPU cores, CPU only",
+        "points": [by_name[n] for n in order if n in by_name],
+    }
+    RECORD.parent.mkdir(exist_ok=True)
+    RECORD.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_page(record)
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", nargs="*", help="names like 0.10.2@3.11 (default: all)")
@@ -349,20 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"[matrix] unknown points {sorted(unknown)}; see --list")
     t0 = time.perf_counter()
-    ran = [run_point(p, ns.jobs, ns.timeout, ns.draws) for p in chosen]
-    # points not run now keep their earlier entry (each entry names its own commit)
-    kept = json.loads(RECORD.read_text())["points"] if RECORD.exists() else []
-    by_name = {p["point"]: p for p in kept} | {p["point"]: p for p in ran}
-    order = [p.name for p in MATRIX]
-    record = {
-        "date": _dt.date.today().isoformat(),
-        "commit": git_commit(),
-        "machine": f"{os.cpu_count()} CPU cores, CPU only",
-        "points": [by_name[n] for n in order if n in by_name],
-    }
-    RECORD.parent.mkdir(exist_ok=True)
-    RECORD.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    write_page(record)
+    ran = []
+    for p in chosen:
+        ran.append(run_point(p, ns.jobs, ns.timeout, ns.draws))
+        save(ran)  # after each point: a run cut short keeps the points it finished
     bad = [
         f"{p['point']} {e['notebook']}"
         for p in ran
