@@ -58,6 +58,7 @@ import numpy as np
 from beyondgrad import _checks
 
 __all__ = [
+    "F32_UNIT_ROUNDOFF",
     "F64_UNIT_ROUNDOFF",
     "NOT_ATTEMPTED",
     "CHECK_LIMIT",
@@ -496,6 +497,8 @@ def tree_mismatches(
 #: (``k`` roundings, each of at most ``F64_UNIT_ROUNDOFF`` of the magnitude it acts
 #: on) are written as multiples of it.
 F64_UNIT_ROUNDOFF = 2.0**-53
+#: The unit roundoff of float32 (the same use, for float32 checks).
+F32_UNIT_ROUNDOFF = 2.0**-24
 
 
 def scaled_mismatches(

@@ -54,9 +54,8 @@ __all__ = [
 #: Length of the vector ``x`` of :func:`exercise_linear_map`.
 EXERCISE_MAP_SIZE = 6
 
-#: The unit roundoff of float32, 2**-24: a correctly rounded float32 operation errs by
-#: at most this much relative to its exact result.
-F32_UNIT_ROUNDOFF = 2.0**-24
+#: The unit roundoff of float32, 2**-24 (defined once in beyondgrad.exercises).
+F32_UNIT_ROUNDOFF = ex.F32_UNIT_ROUNDOFF
 
 # Exercise 2.1, from a count of roundings (float32, u = 2**-24; a sum of m terms in any
 # order, or any tree of m - 1 additions, errs by at most (m - 1) u sum |terms| to

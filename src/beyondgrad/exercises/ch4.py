@@ -234,7 +234,7 @@ def _mse(w: jax.Array, X: jax.Array, y: jax.Array) -> jax.Array:
 # 0.8.2): both book solutions <= 1.8 u S_j (71x inside); no pmean >= 1.1e6 u S_j and a
 # sign >= 2.2e6 u S_j, 8,700x outside.
 #: Exercise 4.2: each new w_j within this times S_j (derived in the comment above).
-STEP_RTOL = 128 * 2.0**-24
+STEP_RTOL = 128 * exercises.F32_UNIT_ROUNDOFF
 
 
 def _step_scale(w: jax.Array, X: jax.Array, y: jax.Array, lr: float) -> np.ndarray:
