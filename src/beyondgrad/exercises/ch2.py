@@ -87,7 +87,7 @@ TRANSPOSE_RTOL = 64 * F32_UNIT_ROUNDOFF
 # 3.2x the bound. A transpose off by a factor 1 + e shows e |<a, f^T b>|, which for
 # drawn vectors is a fraction of D, so slips far above rounding are caught. Measured,
 # 2,000 seeds (both ends): <= 0.66 u D (97x inside).
-#: Exercise 2.1: the checker's dot-product test allows this times D = sum_j |a_j| S_j.
+#: Exercise 2.1: the checker's dot-product test allows this times ``D = sum_j |a_j| S_j``.
 DOT_PRODUCT_TOL = 64 * F32_UNIT_ROUNDOFF
 
 
