@@ -77,3 +77,35 @@ def test_tested_on_shows_the_committed_record():
         "python3 -c 'import json; from tools import matrix; "
         "matrix.write_page(json.loads(matrix.RECORD.read_text()))'"
     )
+
+
+def test_a_partial_rerun_replaces_only_its_entries_and_is_marked(tmp_path, monkeypatch):
+    base = _record("ok")
+    point = base["points"][0]
+    point["notebooks"].append(
+        {
+            "notebook": "chapters/06_y.ipynb",
+            "seconds": 50.0,
+            "status": "ok",
+            "error": "",
+        }
+    )
+    point["checker_draws"] = {"draws": 5, "returncode": 0, "summary": "15 passed"}
+    record = tmp_path / "matrix.json"
+    record.write_text(json.dumps(base))
+    monkeypatch.setattr(matrix, "RECORD", record)
+    monkeypatch.setattr(matrix, "git_commit", lambda: "def5678")
+    rerun = {"notebook": "chapters/06_y.ipynb", "seconds": 61.0, "status": "ok"}
+    draw = {"draws": 5, "select": "6_1", "returncode": 0, "summary": "1 passed"}
+    where = matrix.Point("0.10.2", "3.11", "")
+    merged = matrix.merge(where, point["versions"], [dict(rerun, error="")], draw)
+    by_name = {e["notebook"]: e for e in merged["notebooks"]}
+    assert by_name["chapters/01_x.ipynb"] == point["notebooks"][0]  # kept as it was
+    assert by_name["chapters/06_y.ipynb"]["commit"] == "def5678"
+    assert merged["checker_draws"] == point["checker_draws"]
+    assert merged["checker_reruns"][0]["select"] == "6_1"
+    page = matrix.render({**base, "points": [merged]})
+    assert "✓ 12 s |" in page and "✓ 61 s †" in page
+    assert "`-k 6_1`, 5 draws: 1 passed †" in page and "on commit `def5678`" in page
+    with pytest.raises(SystemExit, match="environment changed"):
+        matrix.merge(where, {**point["versions"], "jax": "0.10.1"}, [], None)

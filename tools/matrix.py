@@ -3,6 +3,7 @@
     python3 dev.py matrix                   # every point of MATRIX, 2 notebooks at a time
     python3 dev.py matrix --points 0.10.2@3.11 0.12.0.1@3.12 --jobs 1
     python3 dev.py matrix --list            # the points, and which Pythons are found
+    python3 dev.py matrix --notebooks 06_ --checkers "6_1 or 6_2"   # a partial rerun
 
 For each point (a JAX version on a Python version) it installs an environment with
 ``dev.py --jax VERSION`` (uv.lock's toolchain, jax and jaxlib at that version; the
@@ -18,6 +19,13 @@ The result goes to ``records/matrix.json`` (one entry per point and notebook: re
 the last cell, or the first failing cell and its error) and into the table on the
 "Tested on" page (``tested_on.md``, between the ``matrix`` markers), with the date and
 the commit it ran on. ``tests/test_matrix.py`` checks that the table is the record's.
+
+A partial rerun (``--notebooks``: the notebooks whose path contains one of the given
+strings; ``--checkers``: a pytest ``-k`` expression over the checker draws) replaces only
+those entries of each point run; each replaced entry names its own date and commit, shown
+with a mark on the page. ``--list`` also prints, per point, the notebooks whose code
+cells changed since the commit their entry ran on, and whether ``src/`` changed since:
+what a partial rerun has left stale.
 
 Standard library only in this process; the notebooks run in each point's environment.
 """
@@ -171,16 +179,19 @@ def run_notebook(py: Path, point: Point, path: Path, timeout: int) -> dict:
     return entry
 
 
-def checker_draws(py: Path, point: Point, draws: int) -> dict | None:
+def checker_draws(
+    py: Path, point: Point, draws: int, select: str | None = None
+) -> dict | None:
     """Each checker on the book's own solution over ``draws`` drawn cases, if the test
-    file exists: its pytest summary line."""
+    file exists: its pytest summary line. ``select``: a ``-k`` expression (those only)."""
     test = ROOT / "tests" / "test_exercises_draws.py"
     if not test.exists() or draws <= 0:
         return None
     env = {**_env(point), "BEYONDGRAD_CHECKER_DRAWS": str(draws)}
     t0 = time.perf_counter()
+    only = ["-k", select] if select else []
     out = subprocess.run(
-        [str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
+        [str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test), *only],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -189,13 +200,39 @@ def checker_draws(py: Path, point: Point, draws: int) -> dict | None:
     tail = [ln for ln in out.stdout.splitlines() if ln.strip()][-1:]
     return {
         "draws": draws,
+        **({"select": select} if select else {}),
         "returncode": out.returncode,
         "summary": tail[0] if tail else out.stderr[-500:],
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
 
-def run_point(point: Point, jobs: int, timeout: int, draws: int) -> dict:
+def selected(patterns: list[str] | None) -> list[Path]:
+    """The notebooks whose repository path contains one of ``patterns`` (all: None)."""
+    every = notebooks()
+    if patterns is None:
+        return every
+    chosen = [
+        nb
+        for nb in every
+        if any(s in nb.relative_to(ROOT).as_posix() for s in patterns)
+    ]
+    if not chosen:
+        raise SystemExit(f"[matrix] no notebook path contains any of {patterns}")
+    return chosen
+
+
+def run_point(
+    point: Point,
+    jobs: int,
+    timeout: int,
+    draws: int,
+    only: list[str] | None = None,
+    checkers: str | None = None,
+) -> dict:
+    """Run the point: every notebook and every checker's draws, or (a partial rerun,
+    ``only``/``checkers`` given) those selected, merged into the point's earlier entry."""
+    partial = only is not None or checkers is not None
     print(f"[matrix] {point.name}: environment", flush=True)
     py = setup(point)
     versions = json.loads(
@@ -205,9 +242,8 @@ def run_point(point: Point, jobs: int, timeout: int, draws: int) -> dict:
     )
     results = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [
-            pool.submit(run_notebook, py, point, nb, timeout) for nb in notebooks()
-        ]
+        chosen = selected(only) if (only is not None or not partial) else []
+        futures = [pool.submit(run_notebook, py, point, nb, timeout) for nb in chosen]
         for f in futures:
             entry = f.result()
             print(
@@ -216,9 +252,15 @@ def run_point(point: Point, jobs: int, timeout: int, draws: int) -> dict:
                 flush=True,
             )
             results.append(entry)
-    draw = checker_draws(py, point, draws)
+    draw = (
+        checker_draws(py, point, draws, checkers)
+        if (checkers is not None or not partial)
+        else None
+    )
     if draw is not None:
         print(f"[matrix] {point.name} checker draws: {draw['summary']}", flush=True)
+    if partial:
+        return merge(point, versions, results, draw)
     return {
         "point": point.name,
         "date": _dt.date.today().isoformat(),
@@ -228,6 +270,76 @@ def run_point(point: Point, jobs: int, timeout: int, draws: int) -> dict:
         "notebooks": results,
         "checker_draws": draw,
     }
+
+
+def merge(point: Point, versions: dict, results: list[dict], draw: dict | None) -> dict:
+    """The point's earlier entry with ``results`` and ``draw`` (a partial rerun) in
+    place of the entries they rerun; each carries its own date and commit."""
+    kept = json.loads(RECORD.read_text())["points"] if RECORD.exists() else []
+    old = next((p for p in kept if p["point"] == point.name), None)
+    if old is None:
+        raise SystemExit(f"[matrix] {point.name} has no full run to rerun parts of")
+    if versions != old["versions"]:
+        raise SystemExit(
+            f"[matrix] {point.name}'s environment changed since its full run "
+            f"({old['versions']} -> {versions}): run the whole point"
+        )
+    stamp = {"date": _dt.date.today().isoformat(), "commit": git_commit()}
+    new = {e["notebook"]: {**e, **stamp} for e in results}
+    entry = dict(old)
+    entry["notebooks"] = [new.get(e["notebook"], e) for e in old["notebooks"]]
+    if draw is not None:
+        entry["checker_reruns"] = [
+            r
+            for r in old.get("checker_reruns", [])
+            if r.get("select") != draw.get("select")
+        ] + [{**draw, **stamp}]
+    return entry
+
+
+def stale(record: dict) -> list[str]:
+    """Per point: the notebooks whose code cells differ from those at the commit their
+    entry ran on, and a line when ``src/`` changed since the oldest such commit."""
+    out = []
+    for p in record["points"]:
+        commits = {}
+        for e in p["notebooks"]:
+            c = e.get("commit", p["commit"]).split()[0]
+            if _code_cells(e["notebook"], c) != _code_cells(e["notebook"], None):
+                out.append(f"{p['point']}: {e['notebook']} changed since {c}")
+            commits[c] = True
+        for c in commits:
+            changed = subprocess.run(
+                ["git", "diff", "--name-only", c, "--", "src"],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+            ).stdout.split()
+            if changed:
+                out.append(f"{p['point']}: src/ changed since {c}: {' '.join(changed)}")
+    return out
+
+
+def _code_cells(notebook: str, commit: str | None) -> list[str] | None:
+    if commit is None:
+        path = ROOT / notebook
+        text = path.read_text(encoding="utf-8") if path.exists() else None
+    else:
+        got = subprocess.run(
+            ["git", "show", f"{commit}:{notebook}"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        text = got.stdout if got.returncode == 0 else None
+    if text is None:
+        return None
+    cells = json.loads(text)["cells"]
+    return [
+        c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+        for c in cells
+        if c["cell_type"] == "code"
+    ]
 
 
 def git_commit() -> str:
@@ -246,15 +358,17 @@ def git_commit() -> str:
     return head + (" (with uncommitted changes)" if dirty else "")
 
 
-def _cell(entry: dict) -> str:
+def _cell(entry: dict, commit: str | None = None) -> str:
+    """One notebook's cell; marked when it ran on another commit than its point."""
+    mark = " †" if entry.get("commit", commit) != commit else ""
     if entry["status"] == "ok":
-        return f"✓ {entry['seconds']:.0f} s"
+        return f"✓ {entry['seconds']:.0f} s{mark}"
     first = entry["error"].splitlines()[0] if entry["error"] else entry["status"]
     # "X.ipynb: Run all stopped at cell 41 (code cell 20 of 60) with Name: message"
     if "Run all stopped at" in first:
         first = first.split("Run all stopped at ", 1)[1]
     first = first.replace("|", "\\|")
-    return f"✗ {first[:160]}"
+    return f"✗ {first[:160]}{mark}"
 
 
 def render(record: dict) -> str:
@@ -273,7 +387,11 @@ def render(record: dict) -> str:
         cells = []
         for p in points:
             entry = next((e for e in p["notebooks"] if e["notebook"] == name), None)
-            cells.append("not run" if entry is None else _cell(entry))
+            cells.append(
+                "not run"
+                if entry is None
+                else _cell(entry, p.get("commit", record["commit"]))
+            )
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
     draws = [p.get("checker_draws") for p in points]
     if any(draws):
@@ -289,6 +407,25 @@ def render(record: dict) -> str:
             + " | ".join(cells)
             + " |"
         )
+    if any(p.get("checker_reruns") for p in points):
+        cells = [
+            "; ".join(
+                f"{'✓' if r['returncode'] == 0 else '✗'} `-k {r['select']}`, "
+                f"{r['draws']} draws: {r['summary']} †"
+                for r in p.get("checker_reruns", [])
+            )
+            or "–"
+            for p in points
+        ]
+        rows.append("| checkers rerun after a change | " + " | ".join(cells) + " |")
+    reruns = sorted(
+        {
+            (e["date"], e["commit"])
+            for p in points
+            for e in [*p["notebooks"], *p.get("checker_reruns", [])]
+            if "commit" in e and e["commit"] != p.get("commit", record["commit"])
+        }
+    )
     runs = sorted(
         {
             (p.get("date", record["date"]), p.get("commit", record["commit"]))
@@ -314,6 +451,16 @@ def render(record: dict) -> str:
         "",
         *rows,
         "",
+        *(
+            [
+                "†: rerun after a change to that notebook or checker, "
+                + "; ".join(f"{d} on commit `{c}`" for d, c in reruns)
+                + " (`python3 dev.py matrix --notebooks ... --checkers ...`).",
+                "",
+            ]
+            if reruns
+            else []
+        ),
         "numpy and folx at each point: "
         + "; ".join(
             f"JAX {p['versions']['jax']}: numpy {p['versions']['numpy']}, "
@@ -360,11 +507,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="notebooks run at once")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     ap.add_argument("--draws", type=int, default=200, help="checker draws per checker")
-    ap.add_argument("--list", action="store_true", help="print the points and exit")
+    ap.add_argument(
+        "--notebooks",
+        nargs="+",
+        help="rerun only notebooks whose path contains one of these (e.g. 06_)",
+    )
+    ap.add_argument(
+        "--checkers", help="rerun only these checker draws (a pytest -k expression)"
+    )
+    ap.add_argument(
+        "--list",
+        action="store_true",
+        help="print the points, and what changed since each entry ran, and exit",
+    )
     ns = ap.parse_args(argv)
     if ns.list:
         for p in MATRIX:
             print(f"{p.name:16s} {find_python(p.python) or 'NOT FOUND':40s} {p.why}")
+        if RECORD.exists():
+            for line in stale(json.loads(RECORD.read_text())) or ["record current"]:
+                print(f"[matrix] stale: {line}" if line != "record current" else line)
         return 0
     chosen = [p for p in MATRIX if not ns.points or p.name in ns.points]
     unknown = set(ns.points or ()) - {p.name for p in MATRIX}
@@ -373,7 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     ran = []
     for p in chosen:
-        ran.append(run_point(p, ns.jobs, ns.timeout, ns.draws))
+        ran.append(
+            run_point(p, ns.jobs, ns.timeout, ns.draws, ns.notebooks, ns.checkers)
+        )
         save(ran)  # after each point: a run cut short keeps the points it finished
     bad = [
         f"{p['point']} {e['notebook']}"
