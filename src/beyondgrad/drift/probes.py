@@ -47,6 +47,7 @@ CH2 = "chapters/02_linearize_transpose"
 CH3 = "chapters/03_implicit_diff"
 CH4 = "chapters/04_shard_map_vma"
 CH5 = "chapters/05_laplacians"
+APPENDIX = "appendix_jax_bugs"
 APX_SHARDING = "appendix_sharding_types"
 
 #: Every probe, by id (its function's name), in registration order.
@@ -567,8 +568,8 @@ def seed001_linearize_transpose_with_cast() -> str:
 
 
 @_probe(
-    CH3,
-    "Aside: how the API got its shape",
+    APPENDIX,
+    "Chapter 3's aside: how `custom_root` got its shape",
     "jax#1448: custom_root whose solve closes over traced values, under jit and grad",
 )
 def seed002_custom_root_closure_jit() -> str:
@@ -621,7 +622,7 @@ def custom_root_int_aux() -> str:
 
 @_probe(
     CH3,
-    "Aside: how the API got its shape",
+    "Aside: `tangent_solve` even when nothing is differentiated",
     "custom_root with tangent_solve=None, called without any differentiation",
 )
 def seed002_custom_root_tangent_solve_none() -> str:
