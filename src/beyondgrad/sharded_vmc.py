@@ -474,7 +474,7 @@ def kept_energy(
     With :math:`K` the kept walkers over all devices and :math:`N_k = |K|`,
     :math:`\bar E = \frac1{N_k}\sum_{b\in K}E_L(x_b)` and
     :math:`\sigma^2 = \frac1{N_k}\sum_{b\in K}(E_L(x_b)-\bar E)^2`, in two passes
-    (a ``psum`` each inside ``shard_map``; the one-pass
+    (two ``psum`` inside ``shard_map``; the one-pass
     :math:`\overline{E^2}-\bar E^2` cancels when :math:`\sigma \ll |\bar E|`).
     Pass the unclipped energies (FermiNet reports their mean) and the mask
     ``kept_walkers(o, e_l)``.
@@ -497,8 +497,10 @@ def kept_energy(
     if e_l.ndim != 1:
         raise ValueError(f"e_l must be 1-D (one energy per walker), got {e_l.shape}")
     keep = _check_keep(keep, e_l)
-    n = _total(keep.astype(e_l.dtype), axis_name)
-    mean = _total(jnp.where(keep, e_l, 0), axis_name) / n
+    # the count and the sum in one psum, then the squared deviations in a second
+    parts = jnp.stack([keep.astype(e_l.dtype), jnp.where(keep, e_l, 0)], axis=1)
+    n, total = _total(parts, axis_name)
+    mean = total / n
     square = jnp.where(keep, (e_l - mean) ** 2, 0)
     return mean, _total(square, axis_name) / n
 
