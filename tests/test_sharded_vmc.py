@@ -4,6 +4,8 @@ beyondgrad.vmc), and bad input."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -172,6 +174,17 @@ def _kept_step(o, e, method, axis_name):
     return clipped, energy, variance, g, d, dropped
 
 
+@functools.cache
+def _kept_step_program(method, devices):
+    """:func:`_kept_step` on ``devices`` devices, compiled once for every case."""
+    return shard(
+        lambda a, c: _kept_step(a, c, method, "data"),
+        (P("data"), P("data")),
+        (P("data"), P(), P(), P(), P(), P()),
+        mesh=runtime.demo_mesh(devices, "data"),
+    )
+
+
 @pytest.mark.parametrize("method", ["sr", "minsr"])
 @pytest.mark.parametrize("case", sorted(BAD_WALKERS))
 def test_a_dropped_walker_takes_no_part_anywhere(problem, case, method):
@@ -211,12 +224,7 @@ def test_a_dropped_walker_takes_no_part_anywhere(problem, case, method):
     sum_tol = 2 * n * 2.2e-16
     for devices in (1, 2, 8):
         with jax.enable_x64(True):
-            got = shard(
-                lambda a, c: _kept_step(a, c, method, "data"),
-                (P("data"), P("data")),
-                (P("data"), P(), P(), P(), P(), P()),
-                mesh=runtime.demo_mesh(devices, "data"),
-            )(jnp.asarray(o), jnp.asarray(e))
+            got = _kept_step_program(method, devices)(jnp.asarray(o), jnp.asarray(e))
         clipped, energy, variance, g, d, dropped = map(np.asarray, got)
         where = f"{case}, {devices} devices"
         assert int(dropped) == len(bad), where
