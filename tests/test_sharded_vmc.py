@@ -4,6 +4,8 @@ beyondgrad.vmc), and bad input."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,49 +147,97 @@ def test_sr_matrix_has_no_b_p_p_temporary(x64):
     assert temp <= 2 * p * p * item + 2 * p * item, temp
 
 
+#: The bad walkers of each case, as ``(energies to set, O entries to set)``. With 32
+#: walkers on 8 devices, walkers 4 to 7 are device 1's: the last case drops them all.
+BAD_WALKERS = {
+    "finite-energy-nan-row": ({}, {(26, 4): np.nan}),
+    "nan-energy-finite-row": ({3: np.nan}, {}),
+    "inf-energy": ({17: np.inf, 9: -np.inf}, {}),
+    "inf-in-row": ({}, {(12, 0): np.inf, (30, 7): -np.inf}),
+    "every-kind-and-a-whole-device": (
+        {4: np.nan, 5: np.inf, 20: -np.inf},
+        {(6, 2): np.nan, (7, 0): np.inf, (29, 3): -np.inf},
+    ),
+}
+
+
+def _kept_step(o, e, method, axis_name):
+    """The step's statistics with the one keep mask: clipping window, clipped
+    energies, reported energy and variance, gradient, update and count."""
+    keep = sv.kept_walkers(o, e)
+    clipped = sv.clip_local_energies(e, scale=1.5, keep=keep, axis_name=axis_name)
+    energy, variance = sv.kept_energy(e, keep, axis_name=axis_name)
+    g, d = sv.natural_gradient(
+        o, clipped, damping=1e-3, method=method, axis_name=axis_name
+    )
+    dropped = sv.nonfinite_walkers(o, e, axis_name=axis_name)
+    return clipped, energy, variance, g, d, dropped
+
+
+@functools.cache
+def _kept_step_program(method, devices):
+    """:func:`_kept_step` on ``devices`` devices, compiled once for every case."""
+    return shard(
+        lambda a, c: _kept_step(a, c, method, "data"),
+        (P("data"), P("data")),
+        (P("data"), P(), P(), P(), P(), P()),
+        mesh=runtime.demo_mesh(devices, "data"),
+    )
+
+
 @pytest.mark.parametrize("method", ["sr", "minsr"])
-def test_nonfinite_walkers_are_dropped_and_counted(problem, method):
-    """Walkers with a NaN or infinite energy or a NaN gradient row are dropped from
-    the clipping statistics, the means and the matrices: the sharded result equals
-    the float64 NumPy step on the other walkers, and the count is reported."""
+@pytest.mark.parametrize("case", sorted(BAD_WALKERS))
+def test_a_dropped_walker_takes_no_part_anywhere(problem, case, method):
+    """A walker whose energy or any entry of its gradient row is NaN or infinite is
+    dropped from everything: the step on 1, 2 and 8 devices equals the float64 NumPy
+    step on the kept walkers alone, the bad ones physically removed (median and MAD
+    of the window, clipped energies, reported energy and variance, g, update), and
+    the count is the number removed."""
     params, walkers = problem
     with jax.enable_x64(True):
         o, _ = sv.per_walker_grads(LOG_PSI, params, walkers)
         e = sv.local_energies(LOG_PSI, params, walkers)
     o, e = np.array(o), np.array(e)
-    e[3], e[17] = np.nan, np.inf
-    o[26, 4] = np.nan
-    kept = np.ones(len(e), bool)
-    kept[[3, 17, 26]] = False
-
-    def body(a, c):
-        clipped = sv.clip_local_energies(c, scale=1.5, axis_name="data")
-        g, d = sv.natural_gradient(
-            a, clipped, damping=1e-3, method=method, axis_name="data"
-        )
-        return clipped, g, d, sv.nonfinite_walkers(a, c, axis_name="data")
-
-    with jax.enable_x64(True):
-        clipped, g, d, dropped = shard(
-            body, (P("data"), P("data")), (P("data"), P(), P(), P())
-        )(jnp.asarray(o), jnp.asarray(e))
-    fin = np.isfinite(e)
-    m = np.median(e[fin])
-    mad = np.mean(np.abs(e[fin] - m))
-    want = np.clip(e[fin], m - 1.5 * mad, m + 1.5 * mad)
-    assert np.sum(want != e[fin]) >= 1
-    assert np.max(np.abs(np.asarray(clipped)[fin] - want)) < 1e-13
-    assert np.isnan(clipped[3]) and np.isposinf(clipped[17])
-    ok, ek = o[kept], np.clip(e[kept], m - 1.5 * mad, m + 1.5 * mad)
-    n = kept.sum()
+    energies, entries = BAD_WALKERS[case]
+    for b, v in energies.items():
+        e[b] = v
+    for (b, k), v in entries.items():
+        o[b, k] = v
+    bad = sorted(set(energies) | {b for b, _ in entries})
+    kept = np.setdiff1d(np.arange(len(e)), bad)
+    # the reference: NumPy in float64 on the kept walkers, the others removed
+    ek, ok = e[kept], o[kept]
+    n = len(kept)
+    m = np.median(ek)
+    mad = np.mean(np.abs(ek - m))
+    clipped_np = np.clip(ek, m - 1.5 * mad, m + 1.5 * mad)
+    assert np.sum(clipped_np != ek) >= 1  # the window clips someone
     oc = (ok - ok.mean(0)) / np.sqrt(n)
-    eps = (ek - ek.mean()) / np.sqrt(n)
+    eps = (clipped_np - clipped_np.mean()) / np.sqrt(n)
     g_np = 2 * oc.T @ eps
     a = oc.T @ oc + 1e-3 * np.eye(o.shape[1])
-    tol = 100 * np.linalg.cond(a) * 2.2e-16  # condition number x rounding, x100
-    assert int(dropped) == 3
-    assert rel(g, g_np) < 1e-13
-    assert rel(d, np.linalg.solve(a, g_np)) < tol
+    d_np = np.linalg.solve(a, g_np)
+    # solve: condition number x float64 rounding, x100 (as the test above)
+    tol = 100 * np.linalg.cond(a) * 2.2e-16
+    # sums of n <= 32 terms in another order: n x 2.2e-16 relative to the sum of
+    # magnitudes; the energies are positive, so that is the sum itself (x2: room)
+    sum_tol = 2 * n * 2.2e-16
+    for devices in (1, 2, 8):
+        with jax.enable_x64(True):
+            got = _kept_step_program(method, devices)(jnp.asarray(o), jnp.asarray(e))
+        clipped, energy, variance, g, d, dropped = map(np.asarray, got)
+        where = f"{case}, {devices} devices"
+        assert int(dropped) == len(bad), where
+        # the window: kept walkers clipped as NumPy clips them (|e| < 16: the
+        # median is exact, the MAD a sum of n terms, as above)
+        assert np.max(np.abs(clipped[kept] - clipped_np)) < 16 * sum_tol, where
+        # a dropped walker's energy is returned as it came in
+        assert np.array_equal(clipped[bad], e[bad], equal_nan=True), where
+        assert rel(energy, ek.mean()) < sum_tol, where
+        # two passes: the mean's error enters squared; the sum of squares as above
+        assert rel(variance, ek.var()) < 4 * sum_tol, where
+        assert rel(g, g_np) < 1e-13, where
+        assert rel(d, d_np) < tol, where
 
 
 def test_local_energies_match_vmc_loop(problem):
@@ -389,6 +439,18 @@ def test_collectives_in_counts_what_runs_in_loops_and_branches():
          ValueError, "damping"),
         (lambda: sv.natural_gradient(jnp.ones((4, 2)), jnp.ones(4), damping=1.0,
                                      method="kfac"), ValueError, "'sr' or 'minsr'"),
+        (lambda: sv.clip_local_energies(jnp.ones(4), keep=jnp.ones(4)), TypeError,
+         "kept_walkers(o, e_l)"),
+        (lambda: sv.clip_local_energies(jnp.ones(4), keep=jnp.ones(3, bool)),
+         ValueError, "e_l's shape (4,)"),
+        (lambda: sv.kept_walkers(jnp.ones((4, 2)), jnp.ones(3)), ValueError,
+         "(B, P)"),
+        (lambda: sv.kept_energy(jnp.ones((4, 2)), jnp.ones(4, bool)), ValueError,
+         "1-D"),
+        (lambda: sv.kept_energy(jnp.ones(4), jnp.ones((4, 1), bool)), ValueError,
+         "e_l's shape (4,)"),
+        (lambda: sv.kept_energy(jnp.ones(4), jnp.ones(4, bool), axis_name=0),
+         TypeError, "axis_name"),
         (lambda: sv.collective_bytes("broadcast", 8, 2), ValueError, "kind"),
         (lambda: sv.collective_bytes("all_gather", -1, 2), ValueError, "nbytes"),
     ],

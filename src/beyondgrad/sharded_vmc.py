@@ -59,6 +59,8 @@ __all__ = [
     "clip_local_energies",
     "collective_bytes",
     "collectives_in",
+    "kept_energy",
+    "kept_walkers",
     "local_energies",
     "metropolis",
     "natural_gradient",
@@ -234,46 +236,57 @@ def local_energies(
 
 
 def clip_local_energies(
-    e_l: jax.Array, *, scale: float = 5.0, axis_name: str | None = None
+    e_l: jax.Array,
+    *,
+    scale: float = 5.0,
+    keep: jax.Array | None = None,
+    axis_name: str | None = None,
 ) -> jax.Array:
     r"""Clip local energies to :math:`m \pm` ``scale`` :math:`\cdot\,\mathrm{MAD}`.
 
-    :math:`m` is the median of all walkers' finite energies (an ``all_gather``
+    :math:`m` is the median of the kept walkers' energies (an ``all_gather``
     inside ``shard_map``: a median is not a sum of per-device parts, and gathering the
     values is the simplest exact way) and MAD their mean absolute deviation from it,
-    :math:`\frac1{N_f}\sum_{b\,\mathrm{finite}}|E_L(x_b)-m|` (two ``psum``), as
+    :math:`\frac1{N_k}\sum_{b\,\mathrm{kept}}|E_L(x_b)-m|` (two ``psum``), as
     FermiNet clips (its ``clip_local_values``). Near a node of :math:`\psi` the
     kinetic energy diverges; the clipped values bound its weight in the gradient.
 
-    Non-finite energies (NaN, :math:`\pm\infty`) take no part in the statistics and
-    are returned unchanged, so :func:`natural_gradient` drops those walkers and
-    :func:`nonfinite_walkers` counts them; one NaN does not turn every clipped value
-    into NaN.
+    Dropped walkers take no part in the statistics and are returned unchanged, so
+    one NaN does not turn every clipped value into NaN. In a step pass
+    ``keep=kept_walkers(o, e_l)``: the window is then the one of the walkers that
+    :func:`natural_gradient` keeps and :func:`nonfinite_walkers` does not count
+    (their clipped energies are finite, the dropped ones are as they came in).
 
     Args:
         e_l: ``(B,)`` local energies (this device's walkers).
         scale: the half-width in units of the MAD, a positive number.
+        keep: ``(B,)`` bool, the walkers kept (:func:`kept_walkers`); ``None``
+            keeps the walkers whose energy is finite (no gradient rows to consult).
         axis_name: ``None`` on one device, else the mesh axis of the walkers.
 
     Returns:
-        ``(B,)`` clipped energies (NaN everywhere only when no energy is finite).
+        ``(B,)`` energies: the kept walkers' clipped, the dropped walkers' as given.
 
     Raises:
-        ValueError: ``e_l`` not 1-D; ``scale`` not positive.
-        TypeError: a bad ``axis_name``.
+        ValueError: ``e_l`` not 1-D; ``keep`` not of ``e_l``'s shape; ``scale`` not
+            positive.
+        TypeError: ``keep`` not boolean; a bad ``axis_name``.
     """
     _check_axis_name(axis_name)
     e_l = jnp.asarray(e_l)
     if e_l.ndim != 1:
         raise ValueError(f"e_l must be 1-D (one energy per walker), got {e_l.shape}")
     _checks.number(scale, "scale", above=0, where="clip_local_energies: ")
-    finite = jnp.isfinite(e_l)
-    everyone = e_l if axis_name is None else lax.all_gather(e_l, axis_name, tiled=True)
-    median = jnp.nanmedian(jnp.where(jnp.isfinite(everyone), everyone, jnp.nan))
-    spread = _total(jnp.where(finite, jnp.abs(e_l - median), 0), axis_name)
-    deviation = spread / _total(finite.astype(e_l.dtype), axis_name)
+    keep = jnp.isfinite(e_l) if keep is None else _check_keep(keep, e_l)
+    mine = jnp.where(keep, e_l, jnp.nan)
+    everyone = (
+        mine if axis_name is None else lax.all_gather(mine, axis_name, tiled=True)
+    )
+    median = jnp.nanmedian(everyone)
+    spread = _total(jnp.where(keep, jnp.abs(e_l - median), 0), axis_name)
+    deviation = spread / _total(keep.astype(e_l.dtype), axis_name)
     clipped = jnp.clip(e_l, median - scale * deviation, median + scale * deviation)
-    return jnp.where(finite, clipped, e_l)
+    return jnp.where(keep, clipped, e_l)
 
 
 def per_walker_grads(
@@ -339,11 +352,11 @@ def natural_gradient(
     ``psum`` adds them. The two are equal for the same :math:`\lambda` (module
     docstring). Both outputs are invariant inside ``shard_map``.
 
-    Non-finite walkers are dropped (the stated policy): a walker whose energy or row
-    of ``o`` is not finite gets weight 0 in the means, in :math:`g` and in the
-    matrices, and :math:`N` counts the walkers kept, so the result equals this
-    function on the kept walkers alone. :func:`nonfinite_walkers` returns the count
-    for the step to report. Only when every walker is dropped are the outputs NaN.
+    The walkers dropped are those :func:`kept_walkers` drops (energy or a row entry
+    not finite): each gets weight 0 in the means, in :math:`g` and in the matrices,
+    and :math:`N` counts the walkers kept, so the result equals this function on the
+    kept walkers alone. :func:`nonfinite_walkers` returns the count for the step to
+    report. Only when every walker is dropped are the outputs NaN.
 
     Args:
         o: ``(B, P)`` per-walker gradients (:func:`per_walker_grads`).
@@ -361,17 +374,13 @@ def natural_gradient(
         TypeError: a bad ``axis_name``.
     """
     _check_axis_name(axis_name)
-    o, e_l = jnp.asarray(o), jnp.asarray(e_l)
-    if o.ndim != 2 or e_l.shape != o.shape[:1]:
-        raise ValueError(
-            f"o must be (B, P) and e_l (B,), got {o.shape} and {e_l.shape}"
-        )
+    o, e_l = _check_o_e(o, e_l)
     if method not in ("sr", "minsr"):
         raise ValueError(f"method must be 'sr' or 'minsr', got {method!r}")
     _checks.number(damping, "damping", above=0, where="natural_gradient: ")
     local, p = o.shape
     n_all = _count(local, axis_name)
-    keep = _finite_rows(o, e_l)
+    keep = kept_walkers(o, e_l)
     n = _total(keep.astype(o.dtype), axis_name)  # walkers kept, over all devices
     o0 = jnp.where(keep[:, None], o, 0)
     e0 = jnp.where(keep, e_l, 0)
@@ -404,15 +413,102 @@ def natural_gradient(
     return g, _total(o_c * mine[:, None], axis_name)
 
 
-def _finite_rows(o: jax.Array, e_l: jax.Array) -> jax.Array:
-    """``(B,)`` bool: the walker's energy and every entry of its row are finite."""
+def _check_o_e(o: jax.Array, e_l: jax.Array) -> tuple[jax.Array, jax.Array]:
+    o, e_l = jnp.asarray(o), jnp.asarray(e_l)
+    if o.ndim != 2 or e_l.shape != o.shape[:1]:
+        raise ValueError(
+            f"o must be (B, P) and e_l (B,), got {o.shape} and {e_l.shape}"
+        )
+    return o, e_l
+
+
+def _check_keep(keep: jax.Array, e_l: jax.Array) -> jax.Array:
+    keep = jnp.asarray(keep)
+    if keep.dtype != jnp.bool_:
+        raise TypeError(
+            f"keep must be a boolean mask, got dtype {keep.dtype}; pass "
+            "kept_walkers(o, e_l)"
+        )
+    if keep.shape != e_l.shape:
+        raise ValueError(
+            f"keep must have e_l's shape {e_l.shape} (one flag per walker), got "
+            f"{keep.shape}; pass kept_walkers(o, e_l)"
+        )
+    return keep
+
+
+def kept_walkers(o: jax.Array, e_l: jax.Array) -> jax.Array:
+    r"""The walkers a VMC step keeps: the one rule this module's step applies.
+
+    Walker :math:`b` is kept when its local energy :math:`E_L(x_b)` and every entry of
+    its row :math:`O_{b\cdot}` are finite (not NaN, not :math:`\pm\infty`); it is
+    dropped otherwise (a walker on a node of :math:`\psi`, an overflow). A dropped
+    walker takes no part anywhere: pass this mask to :func:`clip_local_energies`
+    (the window's median and width) and :func:`kept_energy` (the reported energy
+    and variance); :func:`natural_gradient` (means, :math:`g`, the matrices) and
+    :func:`nonfinite_walkers` (the count) apply it themselves. The step is then the
+    same step on the kept walkers alone. Each walker is judged on its own values, so
+    this is the same inside ``shard_map`` (no collective).
+
+    Args:
+        o: ``(B, P)`` per-walker gradients (:func:`per_walker_grads`).
+        e_l: ``(B,)`` local energies, clipped or not: :func:`clip_local_energies`
+            keeps a finite energy finite and returns a dropped one unchanged, so
+            the mask is the same.
+
+    Returns:
+        ``(B,)`` bool, ``True`` for a walker kept.
+
+    Raises:
+        ValueError: shapes that do not match.
+    """
+    o, e_l = _check_o_e(o, e_l)
     return jnp.isfinite(e_l) & jnp.all(jnp.isfinite(o), axis=1)
+
+
+def kept_energy(
+    e_l: jax.Array, keep: jax.Array, *, axis_name: str | None = None
+) -> tuple[jax.Array, jax.Array]:
+    r"""The mean and variance of the kept walkers' local energies, the ones to report.
+
+    With :math:`K` the kept walkers over all devices and :math:`N_k = |K|`,
+    :math:`\bar E = \frac1{N_k}\sum_{b\in K}E_L(x_b)` and
+    :math:`\sigma^2 = \frac1{N_k}\sum_{b\in K}(E_L(x_b)-\bar E)^2`, in two passes
+    (two ``psum`` inside ``shard_map``; the one-pass
+    :math:`\overline{E^2}-\bar E^2` cancels when :math:`\sigma \ll |\bar E|`).
+    Pass the unclipped energies (FermiNet reports their mean) and the mask
+    ``kept_walkers(o, e_l)``.
+
+    Args:
+        e_l: ``(B,)`` local energies (this device's walkers).
+        keep: ``(B,)`` bool, the walkers kept (:func:`kept_walkers`).
+        axis_name: ``None`` on one device, else the mesh axis of the walkers.
+
+    Returns:
+        ``(mean, variance)``, scalars (invariant inside ``shard_map``; NaN when no
+        walker is kept).
+
+    Raises:
+        ValueError: ``e_l`` not 1-D; ``keep`` not of ``e_l``'s shape.
+        TypeError: ``keep`` not boolean; a bad ``axis_name``.
+    """
+    _check_axis_name(axis_name)
+    e_l = jnp.asarray(e_l)
+    if e_l.ndim != 1:
+        raise ValueError(f"e_l must be 1-D (one energy per walker), got {e_l.shape}")
+    keep = _check_keep(keep, e_l)
+    # the count and the sum in one psum, then the squared deviations in a second
+    parts = jnp.stack([keep.astype(e_l.dtype), jnp.where(keep, e_l, 0)], axis=1)
+    n, total = _total(parts, axis_name)
+    mean = total / n
+    square = jnp.where(keep, (e_l - mean) ** 2, 0)
+    return mean, _total(square, axis_name) / n
 
 
 def nonfinite_walkers(
     o: jax.Array, e_l: jax.Array, *, axis_name: str | None = None
 ) -> jax.Array:
-    """The number of walkers, over all devices, that :func:`natural_gradient` drops.
+    """The number of walkers, over all devices, that :func:`kept_walkers` drops.
 
     A walker is dropped when its local energy or any entry of its row of ``O`` is not
     finite (a walker on a node of :math:`\\psi`, an overflow). A step should report
@@ -433,12 +529,7 @@ def nonfinite_walkers(
         TypeError: a bad ``axis_name``.
     """
     _check_axis_name(axis_name)
-    o, e_l = jnp.asarray(o), jnp.asarray(e_l)
-    if o.ndim != 2 or e_l.shape != o.shape[:1]:
-        raise ValueError(
-            f"o must be (B, P) and e_l (B,), got {o.shape} and {e_l.shape}"
-        )
-    return _total((~_finite_rows(o, e_l)).astype(jnp.int32), axis_name)
+    return _total((~kept_walkers(o, e_l)).astype(jnp.int32), axis_name)
 
 
 def collective_bytes(kind: str, nbytes: int, devices: int) -> int:
