@@ -226,6 +226,12 @@ def _bound_200(x, n, n_max):  # Chapter 1: a bound written into the code
     return lax.fori_loop(0, 200, lambda i, v: jnp.where(i < n, jnp.sin(v), v), x)
 
 
+def _bound_8(x, n, n_max):  # Chapter 1: a bound written into the code, below n_max
+    for i in range(8):
+        x = jnp.where(i < n, jnp.sin(x), x)
+    return x
+
+
 def _endless(x, n, n_max):  # Chapter 1: a Python loop whose condition never turns false
     steps = 0
     while steps >= 0:  # the checker's time limit stops it (a Python loop, so for good)
@@ -299,8 +305,14 @@ MISTAKES = [
     Mistake(
         "ch1-bound-in-the-code",
         lambda: ex1.check_fix_jit(_bound_200, seed=0),
-        "a bound written into the code does work no entry needs (and too little for a "
-        "larger n_max); use n_max",
+        "a bound written into the code: your program applies sin 200 times whatever "
+        "n_max is",
+    ),
+    Mistake(
+        "ch1-bound-below-n-max",
+        lambda: ex1.check_fix_jit(_bound_8, seed=0),  # case 1: n_max = 10 > 8
+        "result differs from the reference",
+        "a bound written into the code, too small for n_max",
     ),
     Mistake(
         "ch1-endless-loop",
