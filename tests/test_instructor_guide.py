@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.flatten_util import ravel_pytree
 
 from beyondgrad import implicit
 from beyondgrad import implicit_problems as problems
@@ -274,6 +275,19 @@ def _transpose_of_map_matrix(v):
     return {"x": back[:6], "s": back[6]}
 
 
+def _jacobian_by_columns(f, params):
+    """Exercise 2.2 by forward mode: the linearized map applied to basis tangents."""
+    out, f_jvp = jax.linearize(f, params)
+    flat, unravel = ravel_pytree(params)
+    cols = jax.vmap(lambda e: f_jvp(unravel(e)))(jnp.eye(flat.size, dtype=flat.dtype))
+
+    def leaf(c):
+        rows = jax.vmap(unravel)(jnp.moveaxis(c, 0, -1).reshape(-1, flat.size))
+        return jax.tree.map(lambda r: r.reshape(c.shape[1:] + r.shape[1:]), rows)
+
+    return jax.tree.map(leaf, cols)
+
+
 MISTAKES = [
     Mistake(
         "stub",
@@ -463,6 +477,13 @@ MISTAKES = [
         lambda: ex2.check_rebuilt_jacrev(lambda f, p: jax.grad(f)(p)),
         "your function raised RuntimeError: your answer called jax.grad: build the "
         "Jacobian from jax.linearize and jax.linear_transpose",
+    ),
+    Mistake(
+        "ch2-jacobian-by-columns",
+        lambda: ex2.check_rebuilt_jacrev(_jacobian_by_columns, seed=0),
+        "you built the Jacobian by columns, applying the linearized map to basis "
+        "vectors; 2.2 asks for rows: transpose the linearized map with "
+        "jax.linear_transpose and apply it to one-hot cotangents",
     ),
     Mistake(
         "ch2-per-example-jacfwd",
