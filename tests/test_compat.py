@@ -271,3 +271,39 @@ def test_custom_root_integer_aux_probe_as_the_drift_record_says():
     if recorded.kind == "raises":
         assert recorded.exc_class == "TypeError", recorded
     assert compat.custom_root_integer_aux_ok() is (recorded.kind == "returns")
+
+
+def test_derivatives_disabled_reports_each_direct_application_of_a_linearized_map():
+    """``linearized_applied`` hears of the linearized map applied directly, under vmap
+    and under jit, with the tangents it was given, and not of ``jax.linear_transpose``
+    tracing it (nor of a jit inside that trace); outside the block, nothing."""
+    seen = []
+    primal = {"a": jnp.float32(0.5), "b": jnp.float32(2.0)}
+    tangent = {"a": jnp.float32(3.0), "b": jnp.float32(4.0)}
+    f = lambda p: jnp.sin(p["a"]) * p["b"]  # noqa: E731
+    with compat.derivatives_disabled(
+        RuntimeError,
+        keep_linear_transpose=True,
+        clear_caches=False,
+        linearized_applied=seen.append,
+    ):
+        _, f_jvp = jax.linearize(f, primal)
+        direct = f_jvp(tangent)
+        jax.vmap(f_jvp)(jax.tree.map(lambda t: jnp.stack([t, t]), tangent))
+        jax.jit(lambda t: f_jvp(t))(tangent)
+        assert len(seen) == 3, seen
+        (back,) = jax.linear_transpose(f_jvp, primal)(jnp.float32(1.0))
+        jax.linear_transpose(lambda t: jax.jit(lambda u: f_jvp(u))(t), primal)
+        assert len(seen) == 3, seen
+    assert seen[0] == (tangent,) and seen[0][0] is tangent
+    assert [type(args) for args in seen] == [tuple] * 3
+    # the map and its transpose still compute the derivative, against float64 closed
+    # forms: float32 cos/sin (<= 2 ulp each) and at most 3 products and a sum, so each
+    # value is within 8 u32 of the sum of its terms' magnitudes (all terms positive).
+    ca, sa, u32 = np.cos(0.5), np.sin(0.5), 2.0**-24
+    assert abs(float(direct) - (ca * 2 * 3 + sa * 4)) <= 8 * u32 * (ca * 6 + sa * 4)
+    assert abs(float(back["a"]) - ca * 2) <= 8 * u32 * ca * 2
+    assert abs(float(back["b"]) - sa) <= 8 * u32 * sa
+    _, after = jax.linearize(f, primal)
+    after(tangent)
+    assert len(seen) == 3  # the hook is gone

@@ -118,6 +118,90 @@ def test_fix_jit_refuses_a_bound_written_into_the_code(bound):
         assert "a bound written into the code" in text or "differs from the" in text
 
 
+def _scan_take_along_axis(x, n, n_max):
+    """Every iterate 0 .. n_max stacked by a scan, each entry's picked by its count; the
+    scan's last carry, sin applied n_max + 1 times, is computed and dropped."""
+
+    def step(v, _):
+        return jnp.sin(v), v
+
+    _, iterates = lax.scan(step, x, None, length=n_max + 1)
+    return jnp.take_along_axis(iterates, n[None], axis=0)[0]
+
+
+def _one_unused_step(x, n, n_max):  # step n_max + 1 is masked out for every entry
+    return _masked_fori(x, n, n_max + 1)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [_scan_take_along_axis, _one_unused_step],
+    ids=["scan and take_along_axis", "one unused step"],
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fix_jit_accepts_one_unused_step(answer, seed):
+    # the program applies sin n_max + 1 times (counted from the same jaxpr the checker
+    # reads); the values and gradients are right, so the extra step is unused
+    x, n, n_max = ch1.fix_jit_counts(seed)[0]
+    args = (jnp.asarray(x), jnp.asarray(n), n_max)
+    assert ch1._loop_steps(answer, *args) == n_max + 1
+    fb = ch1.check_fix_jit(answer, strict=True, seed=seed)
+    assert "values and gradients match" in str(fb), str(fb)
+
+
+@pytest.mark.parametrize("bound", [64, 200, 1000])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fix_jit_names_the_bound_written_into_the_code(bound, seed):
+    """A loop of a fixed length above every first-case n_max (<= 30): refused in case 1
+    with the bound, that case's n_max and the other n_max it was traced at."""
+
+    def answer(x, n, n_max):
+        return _masked_fori(x, n, bound)
+
+    n_max = ch1.fix_jit_counts(seed)[0][2]
+    fb = ch1.check_fix_jit(answer, seed=seed)
+    _assert_rejected(
+        fb,
+        f"case 1 (n_max = {n_max}): a bound written into the code: your program "
+        f"applies sin {bound} times whatever n_max is ({bound} for n_max = {n_max} and "
+        f"for n_max = {n_max + 1}); got {bound} steps, expected n_max = {n_max} (or "
+        "one more, unused)",
+    )
+    assert fb.messages[0].startswith("case 1 (n_max = "), str(fb)
+
+
+def test_fix_jit_refuses_a_loop_that_grows_faster_than_n_max():
+    def answer(x, n, n_max):
+        return _masked_fori(x, n, 2 * n_max)
+
+    n_max = ch1.fix_jit_counts(0)[0][2]
+    fb = ch1.check_fix_jit(answer, seed=0)
+    _assert_rejected(
+        fb,
+        f"case 1 (n_max = {n_max}): your program applies sin {2 * n_max} times for "
+        f"n_max = {n_max} ({2 * n_max + 2} for n_max = {n_max + 1}); got {2 * n_max} "
+        f"steps, expected n_max = {n_max} (or one more, unused): the {n_max} steps "
+        "past n_max do work no entry needs",
+    )
+    assert "a bound written into the code" not in str(fb)
+
+
+def test_fix_jit_names_a_bound_written_into_the_code_below_n_max():
+    def answer(x, n, n_max):
+        return _masked_python(x, n, 8)
+
+    seed = next(s for s in range(20) if ch1.fix_jit_counts(s)[0][2] > 8)
+    n_max = ch1.fix_jit_counts(seed)[0][2]
+    fb = ch1.check_fix_jit(answer, seed=seed)
+    _assert_rejected(
+        fb,
+        "wrong for the counts",
+        f"your program applies sin at most 8 times whatever n_max is (8 for n_max = "
+        f"{n_max} and for n_max = {n_max + 1}): a bound written into the code, too "
+        f"small for n_max = {n_max}; use n_max",
+    )
+
+
 @pytest.mark.parametrize("k", [8, 64, 200])
 def test_fix_jit_refuses_a_python_loop_of_fixed_length(k):
     def answer(x, n, n_max):

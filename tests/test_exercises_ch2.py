@@ -3,14 +3,19 @@ and every kind of bad input gets its own message. References are independent of 
 checkers' own (hand-derived transposes, dense matrices built in float64 NumPy, literal
 sizes)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import linearize as linearize_imported_before  # bound before any check
+from jax.flatten_util import ravel_pytree
 
 from beyondgrad import exercises as ex
 from beyondgrad import linear, measure
 from beyondgrad.exercises import ch2
+from tools import book
 
 W = np.linspace(1.0, 2.0, 6)
 
@@ -573,6 +578,194 @@ def test_check_rebuilt_jacrev_reports_the_eager_error_not_jits():
         return linearize_jacrev(f, params)
 
     assert ch2.check_rebuilt_jacrev(needs_concrete).passed
+
+
+# 2.2 by columns: the linearized map applied to basis tangents (exercise 2.3's forward
+# mode), never transposed. Right numbers, the method 2.2 does not ask for.
+
+
+def _columns_to_jacrev(cols, unravel, size):
+    """Columns (a leading axis over the flattened params) to jacrev's layout."""
+
+    def leaf(c):
+        rows = jax.vmap(unravel)(jnp.moveaxis(c, 0, -1).reshape(-1, size))
+        return jax.tree.map(lambda r: r.reshape(c.shape[1:] + r.shape[1:]), rows)
+
+    return jax.tree.map(leaf, cols)
+
+
+def columns_by_vmap(f, params):
+    out, f_jvp = jax.linearize(f, params)
+    flat, unravel = ravel_pytree(params)
+    basis = jnp.eye(flat.size, dtype=flat.dtype)
+    cols = jax.vmap(lambda e: f_jvp(unravel(e)))(basis)  # a pytree tangent each
+    return _columns_to_jacrev(cols, unravel, flat.size)
+
+
+def columns_by_loop(f, params):  # jax.linearize under a name imported before
+    out, f_jvp = linearize_imported_before(f, params)
+    flat, unravel = ravel_pytree(params)
+    cols = [f_jvp(unravel(e)) for e in jnp.eye(flat.size, dtype=flat.dtype)]
+    cols = jax.tree.map(lambda *c: jnp.stack(c), *cols)
+    return _columns_to_jacrev(cols, unravel, flat.size)
+
+
+def columns_by_jitted_map(f, params):
+    out, f_jvp = jax.linearize(f, params)
+    flat, unravel = ravel_pytree(params)
+    push = jax.jit(lambda e: f_jvp(unravel(e)))
+    cols = [push(e) for e in jnp.eye(flat.size, dtype=flat.dtype)]
+    cols = jax.tree.map(lambda *c: jnp.stack(c), *cols)
+    return _columns_to_jacrev(cols, unravel, flat.size)
+
+
+COLUMNS = {
+    "vmap over basis tangents": columns_by_vmap,
+    "loop, linearize imported before": columns_by_loop,
+    "the map jitted": columns_by_jitted_map,
+    "the answer jitted": jax.jit(columns_by_vmap, static_argnums=0),
+}
+
+
+@pytest.mark.parametrize("answer", list(COLUMNS.values()), ids=list(COLUMNS))
+def test_the_columns_answers_are_right_jacobians(answer):
+    """What 2.2 refuses below is the method, not the numbers: each column answer is
+    within the checker's own bound (JACREV_RTOL x S, derived in ch2) of jax.jacrev."""
+    rng = np.random.default_rng(3)
+    for f in (ch2.exercise_losses, ch2._exercise_triple):
+        params = {
+            "w": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=4), jnp.float32),
+        }
+        with jax.default_matmul_precision("highest"):
+            got, want = answer(f, params), jax.jacrev(f)(params)
+        for mine, ref, scale in zip(
+            jax.tree.leaves(got),
+            jax.tree.leaves(want),
+            jax.tree.leaves(ch2._jacrev_scale(f, params)),
+        ):
+            assert not ex.scaled_mismatches(mine, ref, scale, tol=ch2.JACREV_RTOL)
+
+
+@pytest.mark.parametrize("answer", list(COLUMNS.values()), ids=list(COLUMNS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_check_rebuilt_jacrev_refuses_the_jacobian_by_columns(answer, seed):
+    fb = ch2.check_rebuilt_jacrev(answer, seed=seed)
+    assert not fb.passed and fb.attempted, str(fb)
+    first = fb.messages[0]
+    assert first.startswith(
+        "you built the Jacobian by columns, applying the linearized map to basis "
+        "vectors; 2.2 asks for rows: transpose the linearized map with "
+        "jax.linear_transpose and apply it to one-hot cotangents. "
+    ), str(fb)
+    # where (the first case, its drawn sizes), got (the tangent the map was given,
+    # shaped like params) and expected (cotangents shaped like the output)
+    where_got_expected = (
+        r"In my_jacrev\(exercise_losses, params with w: f32\[(\d),(\d)\]\): got the "
+        r"linearized map applied by your code to a tangent \{'b': f32\[\2\], 'w': "
+        r"f32\[\1,\2\]\} \(what it gives is a column of the Jacobian\), expected it "
+        r"only passed to jax.linear_transpose, and the transpose applied to one-hot "
+        r"cotangents \{'fit': f32\[\], 'hidden': f32\[\2\], 'reg': f32\[\]\} "
+        r"\(each gives a row\)$"
+    )
+    assert re.search(where_got_expected, first), str(fb)
+    with pytest.raises(ex.ExerciseFailed, match="by columns"):
+        ch2.check_rebuilt_jacrev(answer, strict=True, seed=seed)
+    out, f_jvp = jax.linearize(jnp.sin, 1.0)  # the hook is gone after the check
+    assert f_jvp(2.0) == 2.0 * jnp.cos(1.0)
+
+
+def test_check_rebuilt_jacrev_refuses_rows_with_a_direct_application_too():
+    """Rows by transposes, plus the map applied once outside them: refused (the
+    statement says the map is only to be transposed)."""
+
+    def rows_and_a_column(f, params):
+        out, f_jvp = jax.linearize(f, params)
+        f_jvp(params)
+        return linearize_jacrev(f, params)
+
+    fb = ch2.check_rebuilt_jacrev(rows_and_a_column, seed=0)
+    assert not fb.passed and fb.messages[0].startswith(
+        "you built the Jacobian by columns"
+    ), str(fb)
+
+
+def vmapped_rows(f, params):
+    """One transpose, vmapped over every one-hot cotangent of each output leaf."""
+    out, f_jvp = linearize_imported_before(f, params)
+    f_transpose = jax.linear_transpose(f_jvp, params)
+    leaves, treedef = jax.tree.flatten(out)
+    jac = []
+    for i, leaf in enumerate(leaves):
+        one_hots = jnp.eye(leaf.size, dtype=leaf.dtype).reshape((-1, *leaf.shape))
+        cts = [jnp.zeros((leaf.size, *x.shape), x.dtype) for x in leaves]
+        cts[i] = one_hots
+        (rows,) = jax.vmap(f_transpose)(treedef.unflatten(cts))
+        jac.append(
+            jax.tree.map(lambda r, s=leaf.shape: r.reshape(s + r.shape[1:]), rows)
+        )
+    return treedef.unflatten(jac)
+
+
+def rows_of_a_jitted_map_built_under_vmap(f, params):
+    """The map jitted inside the function jax.linear_transpose traces, the transpose
+    built afresh for each cotangent under vmap."""
+    out, f_jvp = jax.linearize(f, params)
+    leaves, treedef = jax.tree.flatten(out)
+    jac = []
+    for i, leaf in enumerate(leaves):
+
+        def pull_back(one_hot, i=i, shape=leaf.shape):
+            leaf_of = lambda v: jax.tree.leaves(jax.jit(f_jvp)(v))[i]  # noqa: E731
+            return jax.linear_transpose(leaf_of, params)(one_hot.reshape(shape))[0]
+
+        rows = jax.vmap(pull_back)(jnp.eye(leaf.size, dtype=leaf.dtype))
+        jac.append(
+            jax.tree.map(lambda r, s=leaf.shape: r.reshape(s + r.shape[1:]), rows)
+        )
+    return treedef.unflatten(jac)
+
+
+def _chapter_solution(exercise, name):
+    """A function defined in the chapter's solution cell of ``exercise`` (its checker
+    call left out), so the test runs the chapter's own code."""
+    nb = book._read_chapter(book.ROOT / "chapters" / "02_linearize_transpose.md")
+    (cell,) = [
+        c
+        for c in nb.cells
+        if book.is_solution(c) and book.solution_exercise(c.source) == exercise
+    ]
+    code = "\n".join(
+        line for line in cell.source.splitlines() if not line.startswith("ex2.")
+    )
+    namespace = {"jax": jax, "jnp": jnp}
+    exec(code, namespace)
+    return namespace[name]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        vmapped_rows,
+        rows_of_a_jitted_map_built_under_vmap,
+        jax.jit(vmapped_rows, static_argnums=0),
+    ],
+    ids=["vmapped rows", "transpose of a jitted map under vmap", "the answer jitted"],
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_check_rebuilt_jacrev_accepts_rows(answer, seed):
+    fb = ch2.check_rebuilt_jacrev(answer, strict=True, seed=seed)
+    assert "matches jax.jacrev" in str(fb)
+
+
+def test_check_rebuilt_jacrev_accepts_the_chapters_solution_on_many_draws():
+    solution = _chapter_solution("2.2", "solution_jacrev")
+    rejected = {}
+    for seed in range(12):
+        fb = ch2.check_rebuilt_jacrev(solution, seed=seed)
+        if not fb.passed:
+            rejected[seed] = str(fb)
+    assert not rejected, rejected
 
 
 # ------------------------------------------------------------------ exercise 2.3

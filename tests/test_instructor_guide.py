@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.flatten_util import ravel_pytree
 
 from beyondgrad import implicit
 from beyondgrad import implicit_problems as problems
@@ -226,6 +227,12 @@ def _bound_200(x, n, n_max):  # Chapter 1: a bound written into the code
     return lax.fori_loop(0, 200, lambda i, v: jnp.where(i < n, jnp.sin(v), v), x)
 
 
+def _bound_8(x, n, n_max):  # Chapter 1: a bound written into the code, below n_max
+    for i in range(8):
+        x = jnp.where(i < n, jnp.sin(x), x)
+    return x
+
+
 def _endless(x, n, n_max):  # Chapter 1: a Python loop whose condition never turns false
     steps = 0
     while steps >= 0:  # the checker's time limit stops it (a Python loop, so for good)
@@ -268,6 +275,19 @@ def _transpose_of_map_matrix(v):
     return {"x": back[:6], "s": back[6]}
 
 
+def _jacobian_by_columns(f, params):
+    """Exercise 2.2 by forward mode: the linearized map applied to basis tangents."""
+    out, f_jvp = jax.linearize(f, params)
+    flat, unravel = ravel_pytree(params)
+    cols = jax.vmap(lambda e: f_jvp(unravel(e)))(jnp.eye(flat.size, dtype=flat.dtype))
+
+    def leaf(c):
+        rows = jax.vmap(unravel)(jnp.moveaxis(c, 0, -1).reshape(-1, flat.size))
+        return jax.tree.map(lambda r: r.reshape(c.shape[1:] + r.shape[1:]), rows)
+
+    return jax.tree.map(leaf, cols)
+
+
 MISTAKES = [
     Mistake(
         "stub",
@@ -299,8 +319,14 @@ MISTAKES = [
     Mistake(
         "ch1-bound-in-the-code",
         lambda: ex1.check_fix_jit(_bound_200, seed=0),
-        "a bound written into the code does work no entry needs (and too little for a "
-        "larger n_max); use n_max",
+        "a bound written into the code: your program applies sin 200 times whatever "
+        "n_max is",
+    ),
+    Mistake(
+        "ch1-bound-below-n-max",
+        lambda: ex1.check_fix_jit(_bound_8, seed=0),  # case 1: n_max = 10 > 8
+        "result differs from the reference",
+        "a bound written into the code, too small for n_max",
     ),
     Mistake(
         "ch1-endless-loop",
@@ -451,6 +477,13 @@ MISTAKES = [
         lambda: ex2.check_rebuilt_jacrev(lambda f, p: jax.grad(f)(p)),
         "your function raised RuntimeError: your answer called jax.grad: build the "
         "Jacobian from jax.linearize and jax.linear_transpose",
+    ),
+    Mistake(
+        "ch2-jacobian-by-columns",
+        lambda: ex2.check_rebuilt_jacrev(_jacobian_by_columns, seed=0),
+        "you built the Jacobian by columns, applying the linearized map to basis "
+        "vectors; 2.2 asks for rows: transpose the linearized map with "
+        "jax.linear_transpose and apply it to one-hot cotangents",
     ),
     Mistake(
         "ch2-per-example-jacfwd",

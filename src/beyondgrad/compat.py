@@ -309,6 +309,7 @@ def derivatives_disabled(
     *,
     keep_linear_transpose: bool = False,
     clear_caches: bool = True,
+    linearized_applied: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> Iterator[None]:
     """Inside the block, JAX's own derivative machinery raises ``error(route)``.
 
@@ -332,13 +333,47 @@ def derivatives_disabled(
     (its compiled program would run no Python); a caller that enters the block several
     times in one check clears them on the first entry only (each clearing costs a
     recompilation of everything after it). ``route`` names what was reached.
+
+    With ``linearized_applied``, each linearized map that ``jax.linearize`` returns
+    inside the block (``api._lift_linearized``, which the map calls, also under a
+    name imported before) calls ``linearized_applied(tangents)`` when it is applied
+    outside a trace of ``jax.linear_transpose`` (``pe.trace_to_jaxpr_nounits`` with a
+    function traced for ``"linear_transpose"``): applied directly, under ``jit`` or
+    ``vmap`` too, and not when ``jax.linear_transpose`` traces it to build its
+    transpose. ``tangents`` is the tuple of arguments the map was given (tracers
+    under a transformation); the call may raise, or record and return.
     """
+    import inspect
+
     from jax._src import api
     from jax._src.interpreters import ad
+    from jax._src.interpreters import partial_eval as pe
 
     saved_transpose, saved_pass = ad.backward_pass3, ad.backward_pass
     saved_jvp, saved_linearize = api._jvp, ad.linearize
-    depth = {"pass": 0, "linearize": 0}
+    saved_lift, saved_trace = api._lift_linearized, pe.trace_to_jaxpr_nounits
+    depth = {"pass": 0, "linearize": 0, "linear_transpose": 0}
+    # _lift_linearized(jaxpr, ..., consts, *tangents): the bound arguments come
+    # first (5 of them on 0.8.2 and 0.10.2, 6 on 0.12), the map's own after them.
+    bound = sum(
+        p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        for p in inspect.signature(saved_lift).parameters.values()
+    )
+
+    def lift(*args: Any) -> Any:
+        if linearized_applied is not None and not depth["linear_transpose"]:
+            linearized_applied(tuple(args[bound:]))
+        return saved_lift(*args)
+
+    def trace(fun: Any, *args: Any, **kwargs: Any) -> Any:
+        info = getattr(fun, "debug_info", None)
+        if getattr(info, "traced_for", None) != "linear_transpose":
+            return saved_trace(fun, *args, **kwargs)
+        depth["linear_transpose"] += 1
+        try:
+            return saved_trace(fun, *args, **kwargs)
+        finally:
+            depth["linear_transpose"] -= 1
 
     def counted(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -375,11 +410,14 @@ def derivatives_disabled(
         ad.linearize = counted(saved_linearize, "linearize")
     else:
         ad.linearize = linearize
+    if linearized_applied is not None:
+        api._lift_linearized, pe.trace_to_jaxpr_nounits = lift, trace
     try:
         yield
     finally:
         ad.backward_pass3, ad.backward_pass = saved_transpose, saved_pass
         api._jvp, ad.linearize = saved_jvp, saved_linearize
+        api._lift_linearized, pe.trace_to_jaxpr_nounits = saved_lift, saved_trace
 
 
 # ----------------------------------------------------------------------------- Chapter 3

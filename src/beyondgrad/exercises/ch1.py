@@ -2,8 +2,9 @@
 
 * Exercise 1.1, :func:`check_fix_jit`: ``repeat_sin_each(x, n, n_max)``, ``sin`` applied
   ``n[j]`` times to ``x[j]``, under ``jit`` (``n_max`` static) and ``jax.grad``, in
-  cases drawn at every check (:func:`fix_jit_counts`); a loop longer than ``n_max`` (a
-  bound written into the code) is refused.
+  cases drawn at every check (:func:`fix_jit_counts`); a loop longer than ``n_max``
+  steps, plus one unused step, is refused, and named a bound written into the code
+  when its length stays the same for another ``n_max``.
 * Exercise 1.2, :func:`check_predict_retraces`: ``my_cache_key(x, n)``, what ``jit``
   keys its traces on, checked against quizzes drawn at every check
   (:func:`retrace_quiz`); the truth is measured with
@@ -200,6 +201,49 @@ def _loop_steps(answer: Callable, x: jax.Array, n: jax.Array, n_max: int) -> int
     return steps(jaxpr.jaxpr)
 
 
+def _bound_problem(
+    answer: Callable, x: jax.Array, n: jax.Array, n_max: int, where: str
+) -> str | None:
+    """What is wrong with the answer's loop length in one drawn case, or None.
+
+    The answer's ``sin`` steps (:func:`_loop_steps`) may be at most ``n_max`` plus one
+    unused step (a ``scan`` that also computes the iterate after the last one it keeps,
+    or a loop to ``n_max + 1``). A longer loop is refused; when its length is the same
+    for ``n_max + 1`` (traced again, not run) it is a bound written into the code, and
+    the message names it.
+    """
+    steps = _loop_steps(answer, x, n, n_max)
+    if steps <= n_max + 1:
+        return None
+    other = _loop_steps(answer, x, n, n_max + 1)
+    expected = f"got {steps} steps, expected n_max = {n_max} (or one more, unused)"
+    if other == steps:
+        return (
+            f"{where}: a bound written into the code: your program applies sin "
+            f"{steps} times whatever n_max is ({steps} for n_max = {n_max} and for "
+            f"n_max = {n_max + 1}); {expected}: the bound does work no entry needs "
+            "here, and is too little for a larger n_max; use n_max"
+        )
+    return (
+        f"{where}: your program applies sin {steps} times for n_max = {n_max} "
+        f"({other} for n_max = {n_max + 1}); {expected}: the {steps - n_max} steps "
+        "past n_max do work no entry needs; loop n_max times"
+    )
+
+
+def _short_bound(answer: Callable, x: jax.Array, n: jax.Array, n_max: int) -> str:
+    """A line naming a bound written into the code that is below ``n_max`` (why
+    counts above it come out wrong), or ``""``."""
+    steps = _loop_steps(answer, x, n, n_max)
+    if not 0 < steps < n_max or _loop_steps(answer, x, n, n_max + 1) != steps:
+        return ""
+    return (
+        f"your program applies sin at most {steps} times whatever n_max is ({steps} "
+        f"for n_max = {n_max} and for n_max = {n_max + 1}): a bound written into the "
+        f"code, too small for n_max = {n_max}; use n_max"
+    )
+
+
 def check_fix_jit(
     answer: Callable[[jax.Array, jax.Array, int], jax.Array],
     *,
@@ -215,8 +259,9 @@ def check_fix_jit(
     ``jax.grad`` of their sum with respect to ``x`` with float64 iterates of ``sin`` and
     their derivative (``|got - want| <= FIX_JIT_ATOL + FIX_JIT_RTOL |want|``). It
     requires one trace per size and ``n_max`` (the counts stay traced) and a loop of at
-    most ``n_max`` steps (a bound written into the code is refused). It stops waiting
-    after :data:`TIME_LIMIT` seconds.
+    most ``n_max`` steps plus one unused step (:func:`_bound_problem`: a longer one is
+    refused, and named a bound written into the code when its length does not follow
+    ``n_max``). It stops waiting after :data:`TIME_LIMIT` seconds.
     """
     msg = exercises.require_callable(answer, "repeat_sin_each")
     if msg:
@@ -262,6 +307,9 @@ def _check_fix_jit(answer: Callable, seed: int | None) -> Feedback:
             wrong = sorted({int(c) for c in n[bad]})
             right = sorted({int(c) for c in n[~bad]})
             problems.append(f"wrong for the counts {wrong}, right for {right}")
+            short = _short_bound(answer, *args)
+            if short:
+                problems.append(short)
         if problems:
             return exercises.verdict(EX1, problems)
         slope = exercises.call_answer(
@@ -279,17 +327,9 @@ def _check_fix_jit(answer: Callable, seed: int | None) -> Feedback:
         )
         if problems:
             return exercises.verdict(EX1, problems)
-        steps = _loop_steps(answer, *args)
-        if steps > n_max:
-            return exercises.verdict(
-                EX1,
-                [
-                    f"{where}: your program applies sin up to {steps} times, but no "
-                    f"count exceeds n_max = {n_max}: a bound written into the code "
-                    "does work no entry needs (and too little for a larger n_max); "
-                    "use n_max"
-                ],
-            )
+        bound = _bound_problem(answer, *args, where)
+        if bound:
+            return exercises.verdict(EX1, [bound])
     shapes = {(len(x), n_max) for x, _, n_max in cases}
     if fresh.traces != len(shapes):
         return exercises.verdict(

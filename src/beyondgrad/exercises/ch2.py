@@ -8,7 +8,9 @@
   function with vector and matrix outputs, at drawn sizes, built without ``jax.jacrev``,
   ``jacfwd``, ``jacobian``, ``hessian``, ``grad``, ``value_and_grad``, ``vjp``'s
   backward function or ``jvp`` (those raise while the answer runs, also under a name
-  imported before; ``jax.linearize`` and ``jax.linear_transpose`` run).
+  imported before; ``jax.linearize`` and ``jax.linear_transpose`` run), by rows: the
+  linearized map may only be transposed, and an answer that applies it (the Jacobian
+  by columns) is refused with :data:`COLUMNS_MESSAGE`.
 * Exercise 2.3: :func:`check_jacobian_strategy` — ``"jacfwd"`` or ``"jacrev"`` for
   each case of :func:`strategy_cases`, graded on the cost model (passes = input size for
   ``jacfwd``, output size for ``jacrev``), never on a clock.
@@ -34,6 +36,7 @@ from beyondgrad import exercises as ex
 from beyondgrad.linear import PyTree
 
 __all__ = [
+    "COLUMNS_MESSAGE",
     "DOT_PRODUCT_TOL",
     "EXERCISE_MAP_SIZE",
     "JACREV_BANNED",
@@ -614,13 +617,15 @@ def _banned_jax_derivatives(
     *,
     keep_linear_transpose: bool = False,
     clear_caches: bool = True,
+    linearized_applied: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> Any:
     """``jax.<name>`` for each of ``names`` raises (with ``advice``) inside the block,
     and so does JAX's derivative machinery reached through its API
     (:func:`beyondgrad.compat.derivatives_disabled`: a name imported before, a
     transpose built or jitted before; not one compiled ahead of time); with ``keep_linear_transpose``, ``jax.linearize`` and
-    ``jax.linear_transpose`` still run. ``clear_caches``: as in
-    :func:`beyondgrad.compat.derivatives_disabled`."""
+    ``jax.linear_transpose`` still run. ``clear_caches`` and ``linearized_applied``
+    (told of each application of a linearized map outside ``jax.linear_transpose``):
+    as in :func:`beyondgrad.compat.derivatives_disabled`."""
 
     def banned(name: str) -> Callable[..., Any]:
         def stub(*args: Any, **kwargs: Any) -> Any:
@@ -639,11 +644,59 @@ def _banned_jax_derivatives(
             reached,
             keep_linear_transpose=keep_linear_transpose,
             clear_caches=clear_caches,
+            linearized_applied=linearized_applied,
         ):
             yield
     finally:
         for name, fn in saved.items():
             setattr(jax, name, fn)
+
+
+#: Exercise 2.2: the first line when the answer applies the linearized map itself.
+COLUMNS_MESSAGE = (
+    "you built the Jacobian by columns, applying the linearized map to basis vectors; "
+    "2.2 asks for rows: transpose the linearized map with jax.linear_transpose and "
+    "apply it to one-hot cotangents"
+)
+
+
+class _Text(str):
+    """A string that prints without quotes inside a container's repr."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _aval_text(x: Any) -> str:
+    """``f32[2,3]``: the dtype and shape of an array, a tracer or a
+    ``ShapeDtypeStruct`` (never its values)."""
+    shape = x.shape if hasattr(x, "shape") else np.shape(x)
+    dtype = np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
+    kind = {"f": "f", "i": "i", "u": "u", "c": "c"}.get(dtype.kind)
+    short = f"{kind}{8 * dtype.itemsize}" if kind else dtype.name
+    return f"{short}[{','.join(str(int(d)) for d in shape)}]"
+
+
+def _tree_text(tree: Any) -> str:
+    """A pytree with each leaf written as :func:`_aval_text`, e.g. ``{'b': f32[3]}``."""
+    return repr(jax.tree.map(lambda x: _Text(_aval_text(x)), tree))
+
+
+def _record_tangents(into: list[str], tangents: tuple[Any, ...]) -> None:
+    """Append what the linearized map was applied to (:func:`_tree_text`) to ``into``."""
+    into.append(_tree_text(tangents[0] if len(tangents) == 1 else tangents))
+
+
+def _columns_message(label: str, given: str, out: Any) -> str:
+    """:data:`COLUMNS_MESSAGE` with where, got and expected: ``given``, the tangent the
+    answer gave the linearized map (:func:`_tree_text`), and the cotangents a row is
+    pulled back from (shaped like ``out``)."""
+    return (
+        f"{COLUMNS_MESSAGE}. In {label}: got the linearized map applied by your code "
+        f"to a tangent {given} (what it gives is a column of the Jacobian), expected "
+        "it only passed to jax.linear_transpose, and the transpose applied to one-hot "
+        f"cotangents {_tree_text(out)} (each gives a row)"
+    )
 
 
 def _call_jitted(answer: Any, f: Callable[..., PyTree], params: PyTree) -> Any:
@@ -734,7 +787,12 @@ def check_rebuilt_jacrev(
     :data:`JACREV_BANNED` raise, and so do transposition not reached through
     ``jax.linear_transpose`` and forward mode outside ``jax.linearize`` (also under a
     name imported before): the exercise is to build the Jacobian from
-    ``jax.linearize`` and ``jax.linear_transpose``.
+    ``jax.linearize`` and ``jax.linear_transpose``, by rows. The linearized map that
+    ``jax.linearize`` returns may only be transposed: applied by the answer itself
+    (to basis tangents: the Jacobian by columns, forward mode), also under ``jit`` or
+    ``vmap``, it refuses the answer with :data:`COLUMNS_MESSAGE`, the case, the
+    tangent it was given and the cotangents expected instead; ``jax.linear_transpose``
+    tracing it (how its transpose is built) is not such an application.
     ``seed`` repeats a draw (tests, or a repeatable run); ``None`` draws afresh.
     """
     name = "Exercise 2.2, the Jacobian of a pytree-valued function"
@@ -749,20 +807,28 @@ def check_rebuilt_jacrev(
         }
         with jax.default_matmul_precision("highest"):
             want = jax.jit(jax.jacrev(f))(params)
+            applied: list[
+                str
+            ] = []  # tangents the linearized map got outside a transpose
             with _banned_jax_derivatives(
                 JACREV_BANNED,
                 "build the Jacobian from jax.linearize and jax.linear_transpose (one "
                 "transpose per output entry)",
                 keep_linear_transpose=True,
                 clear_caches=(f, n, h) == cases[0],  # a failure ends the check
+                linearized_applied=partial(_record_tangents, applied),
             ):
                 got = _call_jitted(answer, f, params)
             if ex.is_stub(got):
                 return ex.verdict(name, [], attempted=False, strict=strict)
+        label = f"my_jacrev({f.__name__}, params with w: f32[{n},{h}])"
+        if applied:  # columns: the map applied, never (or not only) transposed
+            out = jax.eval_shape(f, params)
+            problem = _columns_message(label, applied[0], out)
+            return ex.verdict(name, [problem], strict=strict)
         early = ex.early_verdict(name, got, strict=strict)
         if early is not None:
             return early
-        label = f"my_jacrev({f.__name__}, params with w: f32[{n},{h}])"
         found = ex.tree_mismatches(
             got, want, rtol=0.0, atol=np.inf, name=label, allow_python_scalars=False
         )
