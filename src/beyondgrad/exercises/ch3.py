@@ -516,6 +516,21 @@ def check_sqrtm(
     return verdict(_EX2, [], success=success, strict=strict)
 
 
+def _size_hint(failure: str, n: int) -> list[str]:
+    """A first line when ``inv_sqrtm`` failed on shapes: a size written in (the
+    identity built for a fixed n) where the checker draws the size ([] otherwise)."""
+    if not any(
+        k in failure
+        for k in ("contracting dimensions", "incompatible shapes", "shapes must")
+    ):
+        return []
+    return [
+        f"your inv_sqrtm fails on shapes for a {n}x{n} A: is a size written in? The "
+        f"checker draws sizes from {SQRTM_SIZES}: build the identity from A, "
+        "jnp.eye(A.shape[0], dtype=A.dtype)"
+    ]
+
+
 def _sqrtm_problems(
     fn: Callable[[jax.Array], jax.Array], a: jax.Array, da: jax.Array, strict: bool
 ) -> list[str] | Feedback:
@@ -527,7 +542,7 @@ def _sqrtm_problems(
     if is_stub(value):
         return verdict(_EX2, [], attempted=False, strict=strict)
     if failed(value):
-        return [_failed_with_hint(value)]
+        return [*_size_hint(failed(value) or "", n), _failed_with_hint(value)]
     if isinstance(value, (tuple, list)):
         return [
             f"your inv_sqrtm returns a {type(value).__name__} of "
