@@ -289,3 +289,15 @@ def test_clip_float32_named_first():
     assert not fb.passed, str(fb)
     assert fb.messages[0].startswith("your result is float32"), str(fb)
     assert "walkers per device" in fb.messages[1], str(fb)
+
+
+def test_clip_per_device_mad_that_clips_nothing_is_named():
+    """Seed 2 draws cases where a per-device MAD clips nothing in every failing case
+    (the device holding the outlier gets the widest window): the first line must not
+    read as if the answer had no clip at all (#44)."""
+    fb = ch6.check_clip(clip_no_pmean, seed=2)
+    assert not fb.passed
+    assert fb.messages[0].startswith("nothing was clipped in the cases that fail"), str(
+        fb
+    )
+    assert "a MAD of each device's own" in fb.messages[0], str(fb)

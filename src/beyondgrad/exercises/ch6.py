@@ -266,8 +266,11 @@ def check_clip(
         slip = next((s for s in slips if s), None)
         if slip is None and all(_near(got, e, TOL) for _, got, e, _, _ in wrong):
             slip = (
-                "nothing was clipped: clip every energy to median +- "
-                f"{CLIP_SCALE:g} x MAD (jnp.clip(e_l, median - half, median + half))"
+                "nothing was clipped in the cases that fail, where the right window "
+                "clips: your window is missing, or too wide there (a MAD of each "
+                "device's own: the device holding an outlier gets a wider window); "
+                f"clip every energy to median +- {CLIP_SCALE:g} x MAD, both over all "
+                "walkers (jnp.clip(e_l, median - half, median + half))"
             )
         case, got, _, want, per_device = wrong[0]
         problems = [
