@@ -304,6 +304,14 @@ def _tangent_hint(text: str) -> str:
     return ""
 
 
+def _hint_first(failure: str) -> list[str]:
+    """The messages for a failed call in 3.1: the tangent-solve hint, when JAX's error
+    shows a scalar tangent solve on a vector, first (the slip, in the exercise's
+    words), then JAX's error."""
+    hint = _tangent_hint(failure).strip()
+    return [hint, failure] if hint else [failure]
+
+
 #: Exercise 3.1: number of ``theta`` drawn per check, and the range of their entries.
 FIXED_POINT_CASES = 4
 FIXED_POINT_THETA = 1.5
@@ -358,7 +366,7 @@ def check_fixed_point_grad(
             return verdict(_EX1, [], attempted=False, strict=strict)
         if failed(got):
             msg = _failed_with_hint(got)
-            return verdict(_EX1, [msg + _tangent_hint(msg)], strict=strict)
+            return verdict(_EX1, _hint_first(msg), strict=strict)
         kind = _kind_problem(got, "the array x*")
         if kind:
             return verdict(_EX1, [kind], strict=strict)
@@ -389,7 +397,7 @@ def check_fixed_point_grad(
         )
         if failed(jac):
             msg = _failed_with_hint(jac)
-            return verdict(_EX1, [msg + _tangent_hint(msg)], strict=strict)
+            return verdict(_EX1, _hint_first(msg), strict=strict)
         # right numbers from an unrolled loop are not the exercise: read the jaxpr
         method = _method_problem(fn, thetas[2], _EX1, follow=True)
         if method:
