@@ -775,3 +775,34 @@ def test_chapter3_right_answers_pass_at_drawn_cases(seed):
     assert ch3.check_sqrtm(_sqrtm_direct, seed=seed).passed
     with jax.enable_x64(True):
         assert ch3.check_tolerance_fix(_grad_at(1e-13), seed=seed).passed
+
+
+def _sqrtm_size_written_in(A):  # the identity built for 3x3 whatever A's size
+    eye = jnp.eye(3, dtype=A.dtype)
+    return implicit.root_find(lambda X, A: X @ A @ X - eye, eye, A, tol=1e-12)[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sqrtm_size_written_in_is_named_first(seed):
+    """JAX's shape error comes second; first the slip: a size written in (#44)."""
+    fb = ch3.check_sqrtm(_sqrtm_size_written_in, seed=seed)
+    assert not fb.passed and fb.attempted, str(fb)
+    assert fb.messages[0].startswith("your inv_sqrtm fails on shapes for a "), str(fb)
+    assert "jnp.eye(A.shape[0], dtype=A.dtype)" in fb.messages[0], str(fb)
+    assert "your inv_sqrtm raised TypeError" in fb.messages[1], str(fb)
+
+
+def test_fixed_point_scalar_tangent_solve_is_named_first():
+    """The chapter's scalar tangent solve copied: the hint first, JAX's shape error
+    second (#44)."""
+    fb = ch3.check_fixed_point_grad(lambda t: _fp_root(t, scalar=True), seed=0)
+    assert not fb.passed and fb.attempted, str(fb)
+    assert fb.messages[0].startswith(
+        "For a vector x, tangent_solve(g, y) must solve the linear system"
+    ), str(fb)
+    assert (
+        "a scalar division such as y / g(1.0) only works for a scalar x"
+        in (fb.messages[0])
+    )
+    # JAX's error second: from jacrev on JAX 0.12, already under vmap on 0.8.2
+    assert " raised ValueError: " in fb.messages[1], str(fb)

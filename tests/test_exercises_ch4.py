@@ -362,3 +362,79 @@ def test_two_axis_carry_tolerance_is_pinned():
     near = ch4.check_two_axis_carry(_times(carry_from_psum, 1 + 0.3 * rtol))
     assert near, str(near)
     assert f"(relative error <= {rtol:g}" in str(near)
+
+
+# ---------------------------------------------- first messages that name the slip (#44)
+
+
+def block_as_whole_w(w_block, X, y, lr=0.1):  # no gather: X_block @ w_block
+    return w_block - lr * jax.grad(_mse)(w_block, X, y)
+
+
+def whole_gradient_from_block(w_block, X, y, lr=0.1):  # the chapter's step, w gathered
+    w_full = lax.all_gather(w_block, "data", tiled=True)
+    return w_block - lr * lax.pmean(jax.grad(_mse)(w_full, X, y), "data")
+
+
+@pytest.mark.parametrize(
+    "step,first",
+    [
+        (
+            block_as_whole_w,
+            "w_block holds 4 of the 8 entries of w on 2 devices, but "
+            "X_block has all 8 columns: gather the whole w first",
+        ),
+        (
+            whole_gradient_from_block,
+            "w_block holds 4 of the 8 entries of w on 2 "
+            "devices; a result or gradient of the whole w's shape (8,) does not fit it",
+        ),
+    ],
+)
+def test_sharded_step_shape_errors_name_the_block_first(step, first):
+    """JAX's shape error comes second: the first line says which w has which size."""
+    fb = ch4.check_sharded_step(step)
+    assert not fb and fb.messages[0].startswith(first), str(fb)
+    assert "on 2 device(s): your step raised TypeError" in fb.messages[1], str(fb)
+
+
+def three_x_row_sums(xb):  # weights k instead of k + 1: 0 + 1 + 2 = 3
+    body = lambda k, acc: acc + k * lax.psum(jnp.sum(xb, axis=1), "model")  # noqa: E731
+    return lax.fori_loop(
+        0, 3, body, compat.pcast_varying(jnp.zeros(xb.shape[0]), "data")
+    )
+
+
+@pytest.mark.parametrize(
+    "fn,first,then",
+    [
+        (
+            carry_invariant,
+            "your loop's initial carry has another type than the body's output",
+            "carry input and carry output must have equal types",
+        ),
+        (
+            carry_like_block,
+            "your result varies over 'model' in its type, and "
+            "out_specs=P('data') needs it the same on every 'model' device",
+            "raised ValueError",
+        ),
+        (
+            three_x_row_sums,
+            "on the 4x2 mesh: your result is 0.5 x the expected 6 x "
+            "row sums, everywhere",
+            "row sums differs from the reference",
+        ),
+        (
+            two_iterations,
+            "on the 4x2 mesh: your result is 0.5 x the expected",
+            "row sums differs from the reference",
+        ),
+    ],
+)
+def test_two_axis_carry_first_message_names_the_slip(fn, first, then):
+    """The slip in the exercise's words first (not JAX's error, not a bare entry),
+    then what JAX or the comparison says."""
+    fb = ch4.check_two_axis_carry(fn)
+    assert not fb and fb.messages[0].startswith(first), str(fb)
+    assert then in fb.messages[1], str(fb)

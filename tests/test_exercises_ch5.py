@@ -730,3 +730,25 @@ def test_sharded_stub_is_answered_before_any_reference_work(monkeypatch):
     for answer in (variance_step, _wrong_axis, raises_inside):
         with pytest.raises(AssertionError, match="the references were built"):
             check(answer)
+
+
+def fl_cross_over_outputs(a, b):  # the cross term summed over axis 1, the m outputs
+    (u, gu, lu), (v, gv, lv) = a, b
+    return u * v, gu * v + u * gv, lu * v + u * lv + 2 * jnp.sum(gu * gv, axis=1)
+
+
+def test_fl_shape_error_names_the_axes_first():
+    """JAX's broadcasting error comes second; first the shapes and the axis (#44). The
+    seeds draw cases with d != m first, where the wrong axis raises."""
+    shape_errors = 0
+    for seed in range(3):
+        fb = ch5.check_fl_multiply(fl_cross_over_outputs, seed=seed)
+        assert not fb.passed, text(fb)
+        if "fails on shapes" not in fb.messages[0]:  # a case with d == m came first
+            assert "sums over the outputs (axis 1)" in fb.messages[0], text(fb)
+            continue
+        shape_errors += 1
+        assert fb.messages[0].startswith("your function fails on shapes for d = ")
+        assert "jnp.sum(gu * gv, axis=0)" in fb.messages[0], text(fb)
+        assert "incompatible shapes for broadcasting" in fb.messages[1], text(fb)
+    assert shape_errors, "no seed drew d != m first: pick other seeds"

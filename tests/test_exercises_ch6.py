@@ -248,3 +248,56 @@ def test_tolerance_pinned():
     assert ch6.TOL == 1e-12
     with pytest.raises(TypeError, match="seed"):
         ch6.check_clip(clip_right, seed="0")
+
+
+# ---------------------------------------------- first messages that name the slip (#44)
+
+
+def grads_psum(w, x):  # cast, then a psum over the devices: the same numbers as uncast
+    return lax.psum(grads_right(w, x), "data")
+
+
+def grads_of_sum(w, x):  # one gradient per device, of the sum over its points
+    w = compat.pcast_varying(w, "data")
+    return jax.grad(lambda v: jnp.sum(jax.vmap(ch6.toy_log_psi, (None, 0))(v, x)))(w)
+
+
+def grads_float32(w, x):
+    return grads_right(w.astype(jnp.float32), x.astype(jnp.float32))
+
+
+def clip_float32(e_l):
+    return clip_right(e_l.astype(jnp.float32))
+
+
+@pytest.mark.parametrize(
+    "answer,first",
+    [
+        (grads_psum, "a psum over 'data' adds the devices' gradients: drop it"),
+        (grads_of_sum, "you returned one (3, "),
+        (grads_float32, "your result is float32: the checker runs in float64"),
+    ],
+)
+def test_grads_first_message_names_the_slip(answer, first):
+    fb = ch6.check_per_walker_grads(answer, seed=0)
+    assert not fb.passed and first in fb.messages[0], str(fb)
+    assert "points per device" in fb.messages[1], str(fb)  # then where
+
+
+def test_clip_float32_named_first():
+    fb = ch6.check_clip(clip_float32, seed=0)
+    assert not fb.passed, str(fb)
+    assert fb.messages[0].startswith("your result is float32"), str(fb)
+    assert "walkers per device" in fb.messages[1], str(fb)
+
+
+def test_clip_per_device_mad_that_clips_nothing_is_named():
+    """Seed 2 draws cases where a per-device MAD clips nothing in every failing case
+    (the device holding the outlier gets the widest window): the first line must not
+    read as if the answer had no clip at all (#44)."""
+    fb = ch6.check_clip(clip_no_pmean, seed=2)
+    assert not fb.passed
+    assert fb.messages[0].startswith("nothing was clipped in the cases that fail"), str(
+        fb
+    )
+    assert "a MAD of each device's own" in fb.messages[0], str(fb)

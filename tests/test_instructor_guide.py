@@ -668,12 +668,15 @@ MISTAKES = [
     Mistake(
         "ch4-invariant-carry",
         lambda: ch4.check_two_axis_carry(_invariant_carry),
+        "your loop's initial carry has another type than the body's output",
         "your weighted_row_sums raised TypeError: scan body function carry input and carry output must have "
         "equal types, but they differ",
     ),
     Mistake(
         "ch4-carry-like-block",
         lambda: ch4.check_two_axis_carry(_carry_like_block),
+        "your result varies over 'model' in its type, and out_specs=P('data') needs it "
+        "the same on every 'model' device",
         "your weighted_row_sums raised ValueError",
     ),
 ]

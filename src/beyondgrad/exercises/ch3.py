@@ -304,6 +304,14 @@ def _tangent_hint(text: str) -> str:
     return ""
 
 
+def _hint_first(failure: str) -> list[str]:
+    """The messages for a failed call in 3.1: the tangent-solve hint, when JAX's error
+    shows a scalar tangent solve on a vector, first (the slip, in the exercise's
+    words), then JAX's error."""
+    hint = _tangent_hint(failure).strip()
+    return [hint, failure] if hint else [failure]
+
+
 #: Exercise 3.1: number of ``theta`` drawn per check, and the range of their entries.
 FIXED_POINT_CASES = 4
 FIXED_POINT_THETA = 1.5
@@ -358,7 +366,7 @@ def check_fixed_point_grad(
             return verdict(_EX1, [], attempted=False, strict=strict)
         if failed(got):
             msg = _failed_with_hint(got)
-            return verdict(_EX1, [msg + _tangent_hint(msg)], strict=strict)
+            return verdict(_EX1, _hint_first(msg), strict=strict)
         kind = _kind_problem(got, "the array x*")
         if kind:
             return verdict(_EX1, [kind], strict=strict)
@@ -389,7 +397,7 @@ def check_fixed_point_grad(
         )
         if failed(jac):
             msg = _failed_with_hint(jac)
-            return verdict(_EX1, [msg + _tangent_hint(msg)], strict=strict)
+            return verdict(_EX1, _hint_first(msg), strict=strict)
         # right numbers from an unrolled loop are not the exercise: read the jaxpr
         method = _method_problem(fn, thetas[2], _EX1, follow=True)
         if method:
@@ -516,6 +524,21 @@ def check_sqrtm(
     return verdict(_EX2, [], success=success, strict=strict)
 
 
+def _size_hint(failure: str, n: int) -> list[str]:
+    """A first line when ``inv_sqrtm`` failed on shapes: a size written in (the
+    identity built for a fixed n) where the checker draws the size ([] otherwise)."""
+    if not any(
+        k in failure
+        for k in ("contracting dimensions", "incompatible shapes", "shapes must")
+    ):
+        return []
+    return [
+        f"your inv_sqrtm fails on shapes for a {n}x{n} A: is a size written in? The "
+        f"checker draws sizes from {SQRTM_SIZES}: build the identity from A, "
+        "jnp.eye(A.shape[0], dtype=A.dtype)"
+    ]
+
+
 def _sqrtm_problems(
     fn: Callable[[jax.Array], jax.Array], a: jax.Array, da: jax.Array, strict: bool
 ) -> list[str] | Feedback:
@@ -527,7 +550,7 @@ def _sqrtm_problems(
     if is_stub(value):
         return verdict(_EX2, [], attempted=False, strict=strict)
     if failed(value):
-        return [_failed_with_hint(value)]
+        return [*_size_hint(failed(value) or "", n), _failed_with_hint(value)]
     if isinstance(value, (tuple, list)):
         return [
             f"your inv_sqrtm returns a {type(value).__name__} of "

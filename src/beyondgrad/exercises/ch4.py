@@ -245,6 +245,29 @@ def _step_scale(w: jax.Array, X: jax.Array, y: jax.Array, lr: float) -> np.ndarr
     return np.abs(w64) + lr * (2 / len(y64)) * (np.abs(X64).T @ r)
 
 
+def _block_hint(failure: str, n: int, d: int) -> str | None:
+    """A first line for JAX's shape errors of exercise 4.2 on ``n`` > 1 devices (``d``
+    parameters): the block of ``w`` used as the whole ``w``, or the whole gradient
+    subtracted from the block; None for other failures."""
+    if n == 1:
+        return None
+    block = f"w_block holds {d // n} of the {d} entries of w on {n} devices"
+    if "contracting dimensions" in failure:
+        return (
+            f"{block}, but X_block has all {d} columns: gather the whole w first "
+            "(lax.all_gather(w_block, 'data', tiled=True)) and differentiate with "
+            "respect to w_block through that gather"
+        )
+    if "incompatible shapes for broadcasting" in failure:
+        return (
+            f"{block}; a result or gradient of the whole w's shape ({d},) does not "
+            "fit it: differentiate with respect to w_block (a loss of w_block that "
+            "gathers w inside: the gather's transpose hands each device its block "
+            "of the gradient)"
+        )
+    return None
+
+
 @exercises.timed_check(
     "Exercise 4.2 (a step with the parameters split over 'data')", exercises.CHECK_LIMIT
 )
@@ -291,7 +314,8 @@ def check_sharded_step(
             if exercises.is_stub(got):
                 return exercises.verdict(name, [], attempted=False, strict=strict)
             if failure:
-                problems.append(failure)
+                hint = _block_hint(failure, n, w.shape[0])
+                problems += [*([hint] if hint else []), failure]
                 break
             if bad:
                 if np.shape(got) == np.shape(want) and np.all(np.isfinite(got)):
@@ -325,6 +349,51 @@ _LOOPS = ("scan", "while")
 #: Relative tolerance of exercise 4.3: its inputs are multiples of 1/8, so the sums are
 #: exact in float32 whatever the order; 1e-6 leaves room for another summation order.
 CARRY_RTOL = 1e-6
+
+
+def _carry_hint(failure: str) -> str | None:
+    """A first line, in the exercise's words, for JAX's two refusals of a carry of the
+    wrong type (its own message follows): the loop's, when the initial carry's varying
+    axes differ from the body output's, and shard_map's, when the result varies over
+    ``"model"`` where ``out_specs=P("data")`` needs it the same on every device."""
+    if "carry input and carry output must have equal types" in failure:
+        return (
+            "your loop's initial carry has another type than the body's output (their "
+            "varying axes differ, JAX's message below names them): the body returns "
+            "acc + (k + 1) * row_sums, which varies over 'data' only once the row sums "
+            "are psum-ed over 'model'; start from a carry of that type, "
+            "compat.pcast_varying(jnp.zeros(n, xb.dtype), 'data'), not jnp.zeros(n) "
+            "(invariant)"
+        )
+    if "out_specs" in failure and "'model'" in failure:
+        return (
+            "your result varies over 'model' in its type, and out_specs=P('data') "
+            "needs it the same on every 'model' device: an initial carry built from "
+            "the block (jnp.zeros_like(xb[:, 0])) varies over 'model', and so does a "
+            "row sum without the psum over 'model'; make the carry vary over 'data' "
+            "only (compat.pcast_varying(jnp.zeros(n, xb.dtype), 'data'))"
+        )
+    return None
+
+
+def _factor_hint(got: Any, want: jax.Array, where: str) -> str | None:
+    """A first line for a result that is a constant multiple of the right one (a
+    weight or a count of iterations off), or None."""
+    try:
+        g = np.asarray(got, np.float64)
+    except (TypeError, ValueError):
+        return None
+    w = np.asarray(want, np.float64)
+    if g.shape != w.shape or not np.all(np.isfinite(g)):
+        return None
+    c = float(g @ w / (w @ w))
+    if abs(c - 1) <= 1e-3 or np.max(np.abs(g - c * w)) > 1e-6 * np.max(np.abs(w)):
+        return None
+    return (
+        f"{where}: your result is {c:.4g} x the expected 6 x row sums, everywhere: "
+        "the loop must add (k + 1) x the row sums for k = 0, 1, 2 (1 + 2 + 3 = 6), "
+        "so check the weights and the number of iterations"
+    )
 
 
 @exercises.timed_check(
@@ -370,7 +439,8 @@ def check_two_axis_carry(
         if exercises.is_stub(got):
             return exercises.verdict(name, [], attempted=False, strict=strict)
         if failure or bad:
-            problems.append(failure or f"{where}: {bad[0]}")
+            hint = _carry_hint(failure) if failure else _factor_hint(got, want, where)
+            problems += [*([hint] if hint else []), failure or f"{where}: {bad[0]}"]
             break
         report = sharding.explain_vma(weighted_row_sums, mesh, P("data", "model"), x)
         if not any(p in _LOOPS for p in report.primitives()):

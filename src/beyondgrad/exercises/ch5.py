@@ -333,6 +333,16 @@ def check_fl_multiply(
         for k, (a, b, want, scale) in enumerate(_fl_cases(seed)):
             d, m = np.shape(a[1])
             got = ex.call_answer(fn, a, b, what="your function")
+            failure = ex.failed(got) or ""
+            if "incompatible shapes for broadcasting" in failure:
+                hint = (
+                    f"your function fails on shapes for d = {d} inputs and m = {m} "
+                    f"outputs: u, v and the Laplacians have shape ({m},), the "
+                    f"gradients ({d}, {m}) (one row per input variable); a sum "
+                    "over the inputs is over axis 0 (grad u . grad v = "
+                    "jnp.sum(gu * gv, axis=0))"
+                )
+                return ex.verdict(name, [hint, failure], strict=strict)
             early = ex.early_verdict(name, got, strict=strict)
             if early is not None:
                 return early

@@ -128,6 +128,17 @@ def _worst(got: Any, want: np.ndarray, per_device: int, what: str) -> str:
     )
 
 
+def _float32_slip(got: Any) -> str | None:
+    """A first line for a float32 answer (the checks run in float64), or None."""
+    if getattr(got, "dtype", None) != np.float32:
+        return None
+    return (
+        "your result is float32: the checker runs in float64 (its inputs are "
+        "float64), and float32 rounding (1e-7) cannot reach the tolerance; compute "
+        "in the input's dtype (no .astype(jnp.float32), no float32 constants)"
+    )
+
+
 def _clip_reference(e: np.ndarray, median: float, mad: float) -> np.ndarray:
     return np.clip(e, median - CLIP_SCALE * mad, median + CLIP_SCALE * mad)
 
@@ -250,12 +261,16 @@ def check_clip(
     if wrong and not problems:
         # the first slip recognised in any case (with 2 walkers per device a
         # per-device window may clip nothing, and look like no clipping at all)
-        slips = [_clip_slip(got, e, k) for _, got, e, _, k in wrong]
+        slips = [_float32_slip(wrong[0][1])]
+        slips += [_clip_slip(got, e, k) for _, got, e, _, k in wrong]
         slip = next((s for s in slips if s), None)
         if slip is None and all(_near(got, e, TOL) for _, got, e, _, _ in wrong):
             slip = (
-                "nothing was clipped: clip every energy to median +- "
-                f"{CLIP_SCALE:g} x MAD (jnp.clip(e_l, median - half, median + half))"
+                "nothing was clipped in the cases that fail, where the right window "
+                "clips: your window is missing, or too wide there (a MAD of each "
+                "device's own: the device holding an outlier gets a wider window); "
+                f"clip every energy to median +- {CLIP_SCALE:g} x MAD, both over all "
+                "walkers (jnp.clip(e_l, median - half, median + half))"
             )
         case, got, _, want, per_device = wrong[0]
         problems = [
@@ -283,13 +298,20 @@ def _grads_slip(got: Any, want: np.ndarray, per_device: int) -> str | None:
         return (
             "each gradient is the sum over devices of the gradients at its local "
             "index: w is invariant, so its cotangent is summed over devices; cast "
-            "w to varying first (compat.pcast_varying(w, 'data'))"
+            "w to varying first (compat.pcast_varying(w, 'data')); if you did, a "
+            "psum over 'data' adds the devices' gradients: drop it"
         )
     if _near(got, summed / DEVICES):
         return (
             "each gradient is the mean over devices of the gradients at its local "
             "index: no pmean (or psum) belongs here; cast w to varying first "
             "(compat.pcast_varying(w, 'data')) and return one gradient per point"
+        )
+    if np.shape(got) == (DEVICES * 3, hidden):
+        return (
+            f"you returned one (3, {hidden}) gradient per device, the gradient of a "
+            "sum over its points: take one gradient per point "
+            "(jax.vmap(jax.grad(...), in_axes=(None, 0)))"
         )
     if hidden == 3 and _near(got, np.swapaxes(want, 1, 2)):
         return "each gradient is transposed: dlogpsi/dW has W's shape (3, H)"
@@ -352,6 +374,9 @@ def check_per_walker_grads(
             break
         r = _rel(got, want)
         if r is None:
+            slip = _grads_slip(got, want, per_device)
+            if slip:
+                problems.append(slip)
             transposed = (n, hidden, 3)
             problems.append(
                 f"{case}: return ({per_device}, 3, {hidden}) gradients per device "
@@ -365,7 +390,7 @@ def check_per_walker_grads(
             break
         if r <= TOL:
             continue
-        slip = _grads_slip(got, want, per_device)
+        slip = _float32_slip(got) or _grads_slip(got, want, per_device)
         if slip:
             problems.append(slip)
         problems.append(f"{case}: {_worst(got, want, per_device, 'point')}")
