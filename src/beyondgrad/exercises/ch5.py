@@ -376,7 +376,8 @@ def check_fl_multiply(
             if problems:
                 kinds = [p for p in problems if "dtype" in p or "Python" in p]
                 hint = None if kinds else _fl_hint(got, a, b, want)
-                problems = [hint, *problems] if hint else problems
+                if hint:
+                    problems = [hint, *problems]
                 break
     return ex.verdict(
         name,
