@@ -375,9 +375,9 @@ def check_fl_multiply(
                 )
             if problems:
                 kinds = [p for p in problems if "dtype" in p or "Python" in p]
-                hint = None if kinds else _fl_hint(got, a, b, want)
-                if hint:
-                    problems = [hint, *problems]
+                slip = None if kinds else _fl_hint(got, a, b, want)
+                if slip:
+                    problems = [slip, *problems]
                 break
     return ex.verdict(
         name,
