@@ -66,6 +66,11 @@ def _waited(message: str) -> float:
     return float(found.group(1))
 
 
+#: The message prints its seconds to a tenth: up to this above the time it measured
+#: (5.09 s prints as 5.1), so a bound by the test's own clock allows it.
+PRINTED_ROUNDING = 0.05
+
+
 def _check_threads() -> list[threading.Thread]:
     """The checkers' worker threads the OS still runs. Not ``is_alive()``: after a
     ``join`` interrupted by KeyboardInterrupt CPython reports a running thread as not
@@ -108,7 +113,8 @@ def test_an_endless_python_loop_is_answered_and_stopped_on_a_loaded_machine(
     # one budget for the whole check, not one per case
     assert LIMIT <= took <= LIMIT + PROMISED_MARGIN, (took, text)
     assert f"did not finish within {LIMIT:g} s" in text, text
-    assert LIMIT <= _waited(text) <= took, text  # the real seconds, not the limit
+    # the real seconds, not the limit
+    assert LIMIT <= _waited(text) <= took + PRINTED_ROUNDING, text
     assert "It was stopped." in text and "restart" not in text, text
     assert not _check_threads(), "the answer's thread still runs"
     with pytest.raises(ex.ExerciseFailed, match="did not finish within"):
@@ -170,7 +176,7 @@ def test_an_endless_compiled_loop_is_answered_with_the_restart_note(promised_loa
     took = float(re.search(r"TOOK ([0-9.]+)", out.stdout).group(1))
     assert LIMIT <= took <= LIMIT + PROMISED_MARGIN, out.stdout
     assert f"did not finish within {LIMIT:g} s" in out.stdout, out.stdout
-    assert LIMIT <= _waited(out.stdout) <= took, out.stdout
+    assert LIMIT <= _waited(out.stdout) <= took + PRINTED_ROUNDING, out.stdout
     assert "still running in the background" in out.stdout, out.stdout
     assert "restart the kernel (Colab: Runtime > Restart session" in out.stdout
 
