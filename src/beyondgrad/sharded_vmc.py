@@ -273,9 +273,7 @@ def clip_local_energies(
         TypeError: ``keep`` not boolean; a bad ``axis_name``.
     """
     _check_axis_name(axis_name)
-    e_l = jnp.asarray(e_l)
-    if e_l.ndim != 1:
-        raise ValueError(f"e_l must be 1-D (one energy per walker), got {e_l.shape}")
+    e_l = _check_energies(e_l)
     _checks.number(scale, "scale", above=0, where="clip_local_energies: ")
     keep = jnp.isfinite(e_l) if keep is None else _check_keep(keep, e_l)
     mine = jnp.where(keep, e_l, jnp.nan)
@@ -422,6 +420,13 @@ def _check_o_e(o: jax.Array, e_l: jax.Array) -> tuple[jax.Array, jax.Array]:
     return o, e_l
 
 
+def _check_energies(e_l: jax.Array) -> jax.Array:
+    e_l = jnp.asarray(e_l)
+    if e_l.ndim != 1:
+        raise ValueError(f"e_l must be 1-D (one energy per walker), got {e_l.shape}")
+    return e_l
+
+
 def _check_keep(keep: jax.Array, e_l: jax.Array) -> jax.Array:
     keep = jnp.asarray(keep)
     if keep.dtype != jnp.bool_:
@@ -493,9 +498,7 @@ def kept_energy(
         TypeError: ``keep`` not boolean; a bad ``axis_name``.
     """
     _check_axis_name(axis_name)
-    e_l = jnp.asarray(e_l)
-    if e_l.ndim != 1:
-        raise ValueError(f"e_l must be 1-D (one energy per walker), got {e_l.shape}")
+    e_l = _check_energies(e_l)
     keep = _check_keep(keep, e_l)
     # the count and the sum in one psum, then the squared deviations in a second
     parts = jnp.stack([keep.astype(e_l.dtype), jnp.where(keep, e_l, 0)], axis=1)
