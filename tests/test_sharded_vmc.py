@@ -147,6 +147,37 @@ def test_sr_matrix_has_no_b_p_p_temporary(x64):
     assert temp <= 2 * p * p * item + 2 * p * item, temp
 
 
+@pytest.mark.parametrize("x64", [False, True])
+@pytest.mark.parametrize("n, p", [(128, 4096), (256, 2048), (64, 1000)])
+def test_srt_and_cg_hold_a_share_of_o_per_device(n, p, x64):
+    """Per-device temporaries of each method on 8 devices (B = N/8 walkers each), in
+    items: MinSR gathers all of O (at least N x P); SRt holds its N x P/D columns
+    twice (the all_to_all's input and output) and T (N x N); CG one copy of its own
+    centred rows (N x P/D) and a few P-vectors, S never formed. Measured on JAX
+    0.8.2 and 0.12.0.1 at these sizes: SRt 2 N P/D + N^2 + at most 3,600, CG
+    N P/D + at most 4.1 P; the bounds below leave room for both and fail for a
+    method that gathers O or forms S."""
+    item = 8 if x64 else 4
+    with jax.enable_x64(x64):
+        dtype = jnp.float64 if x64 else jnp.float32
+        o = jax.ShapeDtypeStruct((n, p), dtype)
+        e = jax.ShapeDtypeStruct((n,), dtype)
+        temp = {}
+        for method in ("minsr", "srt", "cg"):
+            body = functools.partial(
+                sv.natural_gradient, damping=1e-3, method=method, axis_name="data"
+            )
+            program = shard(body, (P("data"), P("data")), P())
+            temp[method] = measure.temp_bytes(program, o, e)
+    if None in temp.values():
+        pytest.skip("this backend reports no memory analysis")
+    items = {k: v / item for k, v in temp.items()}
+    share = n * p // D
+    assert items["minsr"] >= n * p, items
+    assert items["srt"] <= 2 * share + n * n + 4 * (n + p), items
+    assert items["cg"] <= share + 8 * p + 4 * n, items
+
+
 #: The bad walkers of each case, as ``(energies to set, O entries to set)``. With 32
 #: walkers on 8 devices, walkers 4 to 7 are device 1's: the last case drops them all.
 BAD_WALKERS = {
@@ -168,7 +199,12 @@ def _kept_step(o, e, method, axis_name):
     clipped = sv.clip_local_energies(e, scale=1.5, keep=keep, axis_name=axis_name)
     energy, variance = sv.kept_energy(e, keep, axis_name=axis_name)
     g, d = sv.natural_gradient(
-        o, clipped, damping=1e-3, method=method, axis_name=axis_name
+        o,
+        clipped,
+        damping=1e-3,
+        method=method,
+        axis_name=axis_name,
+        **_options(method),
     )
     dropped = sv.nonfinite_walkers(o, e, axis_name=axis_name)
     return clipped, energy, variance, g, d, dropped
@@ -185,7 +221,7 @@ def _kept_step_program(method, devices):
     )
 
 
-@pytest.mark.parametrize("method", ["sr", "minsr"])
+@pytest.mark.parametrize("method", sv.METHODS)
 @pytest.mark.parametrize("case", sorted(BAD_WALKERS))
 def test_a_dropped_walker_takes_no_part_anywhere(problem, case, method):
     """A walker whose energy or any entry of its gradient row is NaN or infinite is
@@ -217,8 +253,7 @@ def test_a_dropped_walker_takes_no_part_anywhere(problem, case, method):
     g_np = 2 * oc.T @ eps
     a = oc.T @ oc + 1e-3 * np.eye(o.shape[1])
     d_np = np.linalg.solve(a, g_np)
-    # solve: condition number x float64 rounding, x100 (as the test above)
-    tol = 100 * np.linalg.cond(a) * 2.2e-16
+    tol = _update_tol(method, np.linalg.cond(a))
     # sums of n <= 32 terms in another order: n x 2.2e-16 relative to the sum of
     # magnitudes; the energies are positive, so that is the sum itself (x2: room)
     sum_tol = 2 * n * 2.2e-16
@@ -299,7 +334,27 @@ def test_per_walker_grads_cast_and_the_uncast_trap(problem):
     assert rel(wrong, want) > 0.1
 
 
-@pytest.mark.parametrize("method", ["sr", "minsr"])
+#: CG's stopping tolerance in the tests (float64): the recursive residual reaches it
+#: within the default maxiter on these problems; the error of delta is then at most
+#: cond(S + damping I) x CG_TOL (relative), plus the drift of the recursive residual
+#: from the true one, a few x cond x 2.2e-16 per iteration (x10 room in total).
+CG_TOL = 1e-12
+
+
+def _update_tol(method: str, cond: float) -> float:
+    """The relative error allowed on delta against the float64 NumPy solve: the
+    direct solves condition number x float64 rounding (x100), CG its stopping
+    tolerance times the condition number (x10; CG_TOL)."""
+    if method == "cg":
+        return 10 * cond * CG_TOL
+    return 100 * cond * 2.2e-16
+
+
+def _options(method: str) -> dict:
+    return {"tol": CG_TOL} if method == "cg" else {}
+
+
+@pytest.mark.parametrize("method", sv.METHODS)
 def test_natural_gradient_matches_numpy_and_vmc(problem, method):
     params, walkers = problem
     damping = 1e-3
@@ -308,12 +363,19 @@ def test_natural_gradient_matches_numpy_and_vmc(problem, method):
         e = sv.local_energies(LOG_PSI, params, walkers)
         g, delta = shard(
             lambda a, b: sv.natural_gradient(
-                a, b, damping=damping, method=method, axis_name="data"
+                a,
+                b,
+                damping=damping,
+                method=method,
+                axis_name="data",
+                **_options(method),
             ),
             (P("data"), P("data")),
             P(),
         )(o, e)
-        g1, delta1 = sv.natural_gradient(o, e, damping=damping, method=method)
+        g1, delta1 = sv.natural_gradient(
+            o, e, damping=damping, method=method, **_options(method)
+        )
         centred = e - jnp.mean(e)  # Chapter 5's surrogate loss, no matrix O
 
         def surrogate(p):
@@ -327,8 +389,7 @@ def test_natural_gradient_matches_numpy_and_vmc(problem, method):
     g_np = 2 * oc.T @ eps
     a = oc.T @ oc + damping * np.eye(o.shape[1])
     delta_np = np.linalg.solve(a, g_np)
-    # solve tolerance: condition number x float64 rounding, x100
-    tol = 100 * np.linalg.cond(a) * 2.2e-16
+    tol = _update_tol(method, np.linalg.cond(a))
     assert rel(g, g_np) < 1e-13 and rel(g1, g_np) < 1e-13
     assert rel(g, g_vmc) < 1e-13
     assert rel(delta, delta_np) < tol and rel(delta1, delta_np) < tol
@@ -438,7 +499,15 @@ def test_collectives_in_counts_what_runs_in_loops_and_branches():
         (lambda: sv.natural_gradient(jnp.ones((4, 2)), jnp.ones(4), damping=0.0),
          ValueError, "damping"),
         (lambda: sv.natural_gradient(jnp.ones((4, 2)), jnp.ones(4), damping=1.0,
-                                     method="kfac"), ValueError, "'sr' or 'minsr'"),
+                                     method="kfac"), ValueError,
+         "one of 'sr', 'minsr', 'srt', 'cg'"),
+        (lambda: sv.natural_gradient(jnp.ones((4, 2)), jnp.ones(4), damping=1.0,
+                                     tol=1e-6), ValueError, "options of method='cg'"),
+        (lambda: sv.natural_gradient(jnp.ones((4, 2)), jnp.ones(4), damping=1.0,
+                                     method="cg", tol=0.0), ValueError, "tol"),
+        (lambda: sv.natural_gradient(jnp.ones((4, 2)), jnp.ones(4), damping=1.0,
+                                     method="cg", maxiter=0), ValueError,
+         "maxiter must be a positive int"),
         (lambda: sv.clip_local_energies(jnp.ones(4), keep=jnp.ones(4)), TypeError,
          "kept_walkers(o, e_l)"),
         (lambda: sv.clip_local_energies(jnp.ones(4), keep=jnp.ones(3, bool)),

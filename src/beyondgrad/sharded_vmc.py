@@ -30,7 +30,10 @@ the energy gradient is :math:`g = 2\tilde O^\top\epsilon` and
 
 which are equal (push-through identity): SR solves in parameter space
 (:math:`P\times P`, assembled with a ``psum``), MinSR in walker space (:math:`N\times
-N`, from an ``all_gather`` of :math:`\tilde O`).
+N`, from an ``all_gather`` of :math:`\tilde O`). SRt is MinSR with :math:`\tilde O`
+re-sharded by parameters (an ``all_to_all``), so no device holds all of it; CG-SR
+solves SR's system by conjugate gradients on products with :math:`\tilde O`, so
+:math:`S` is never formed (:func:`natural_gradient`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from beyondgrad.wavefunctions import Params
 
 __all__ = [
     "COLLECTIVES",
+    "METHODS",
     "clip_local_energies",
     "collective_bytes",
     "collectives_in",
@@ -331,24 +335,61 @@ def per_walker_grads(
     return jax.vmap(row)(walkers), unravel
 
 
+Method = Literal["sr", "minsr", "srt", "cg"]
+
+#: The methods of :func:`natural_gradient`.
+METHODS: tuple[str, ...] = ("sr", "minsr", "srt", "cg")
+
+
 def natural_gradient(
     o: jax.Array,
     e_l: jax.Array,
     *,
     damping: float,
-    method: Literal["sr", "minsr"] = "sr",
+    method: Method = "sr",
     axis_name: str | None = None,
+    tol: float | None = None,
+    maxiter: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     r"""The energy gradient :math:`g` and the damped natural-gradient step :math:`\delta`.
 
-    ``method="sr"``: :math:`\delta = (S+\lambda I)^{-1}g`, :math:`S = \tilde
-    O^\top\tilde O` (:math:`P\times P`, a matmul of each device's rows: no
-    :math:`B\times P\times P` temporary), its blocks summed over devices with one
-    ``psum``. ``method="minsr"``: :math:`\delta = \tilde O^\top(T+\lambda
-    I)^{-1}2\epsilon`, :math:`T = \tilde O\tilde O^\top` (:math:`N\times N`) from an
-    ``all_gather`` of :math:`\tilde O`; each device multiplies its own rows and a
-    ``psum`` adds them. The two are equal for the same :math:`\lambda` (module
-    docstring). Both outputs are invariant inside ``shard_map``.
+    Four ways to the same :math:`\delta` (module docstring), each with what one
+    device holds (:math:`B = N/D` walkers per device, :math:`P` parameters):
+
+    - ``"sr"``: :math:`\delta = (S+\lambda I)^{-1}g`, :math:`S = \tilde
+      O^\top\tilde O` (:math:`P\times P`, a matmul of each device's rows: no
+      :math:`B\times P\times P` temporary), its blocks summed over devices with one
+      ``psum``, then a Cholesky solve. Holds :math:`P^2`.
+    - ``"minsr"``: :math:`\delta = \tilde O^\top(T+\lambda I)^{-1}2\epsilon`,
+      :math:`T = \tilde O\tilde O^\top` (:math:`N\times N`) from an
+      ``all_gather`` of :math:`\tilde O`; each device multiplies its own rows and a
+      ``psum`` adds them. Holds all :math:`N\times P` of :math:`\tilde O`.
+    - ``"srt"``: the same formula with :math:`\tilde O` re-sharded by an
+      ``all_to_all`` from rows (walkers) to columns (parameters), as NetKet's
+      distributed SRt does: each device holds all :math:`N` rows of its
+      :math:`P/D` columns :math:`\tilde O_d`, :math:`T = \sum_d \tilde
+      O_d\tilde O_d^\top` is one ``psum`` of :math:`N\times N` blocks, and device
+      :math:`d` computes its columns of :math:`\delta`, :math:`\tilde
+      O_d^\top y`. Holds :math:`NP/D + N^2` (columns padded with zeros to a
+      multiple of :math:`D`; zero columns add nothing to :math:`T`).
+    - ``"cg"``: conjugate gradients on :math:`(S+\lambda I)\delta = g` with
+      :math:`S` never formed: :math:`Sv = \tilde O^\top(\tilde O v)` from each
+      device's rows and one :math:`P`-vector ``psum`` per iteration. Holds a few
+      :math:`P`-vectors. Stops when :math:`\|g - (S+\lambda I)\delta_k\| \le`
+      ``tol`` :math:`\|g\|` (the recursive residual) or after ``maxiter``
+      iterations; the error of :math:`\delta` is then at most
+      :math:`\kappa\,`\ ``tol`` relative, :math:`\kappa` the condition number of
+      :math:`S+\lambda I`. In exact arithmetic CG ends after at most as many steps
+      as :math:`S+\lambda I` has distinct eigenvalues, at most
+      :math:`\min(N, P)` here (:math:`S` has rank below :math:`N` after centring),
+      but rounding delays it on an ill-conditioned :math:`S` (about twice that
+      count at :math:`\kappa \approx 10^4`, measured), so the default
+      ``maxiter`` is ``jax.scipy.sparse.linalg.cg``'s :math:`10P` and the loop
+      ends on ``tol``. A small ``maxiter`` returns a truncated, less accurate
+      :math:`\delta` without an error.
+
+    On one device (``axis_name=None``) ``"srt"`` is ``"minsr"``. All outputs are
+    invariant inside ``shard_map``.
 
     The walkers dropped are those :func:`kept_walkers` drops (energy or a row entry
     not finite): each gets weight 0 in the means, in :math:`g` and in the matrices,
@@ -360,22 +401,39 @@ def natural_gradient(
         o: ``(B, P)`` per-walker gradients (:func:`per_walker_grads`).
         e_l: ``(B,)`` local energies (clipped or not).
         damping: :math:`\lambda > 0`.
-        method: ``"sr"`` or ``"minsr"``.
+        method: ``"sr"``, ``"minsr"``, ``"srt"`` or ``"cg"``.
         axis_name: ``None`` on one device, else the mesh axis of the walkers.
+        tol: ``"cg"`` only: the relative residual to stop at (default ``1e-10``
+            in float64, ``1e-5`` in float32).
+        maxiter: ``"cg"`` only: the most iterations (default :math:`10P`).
 
     Returns:
         ``(g (P,), delta (P,))``.
 
     Raises:
-        ValueError: shapes that do not match; an unknown method; ``damping`` not
-            positive.
+        ValueError: shapes that do not match; an unknown method; ``damping`` or
+            ``tol`` not positive; ``maxiter`` not a positive int; ``tol`` or
+            ``maxiter`` given to another method than ``"cg"``.
         TypeError: a bad ``axis_name``.
     """
     _check_axis_name(axis_name)
     o, e_l = _check_o_e(o, e_l)
-    if method not in ("sr", "minsr"):
-        raise ValueError(f"method must be 'sr' or 'minsr', got {method!r}")
+    if method not in METHODS:
+        raise ValueError(
+            f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}"
+        )
     _checks.number(damping, "damping", above=0, where="natural_gradient: ")
+    if method != "cg" and (tol is not None or maxiter is not None):
+        raise ValueError(
+            f"tol and maxiter are options of method='cg' (got method={method!r}); "
+            "leave them out, or pass method='cg'"
+        )
+    if tol is not None:
+        _checks.number(tol, "tol", above=0, where="natural_gradient: ")
+    if maxiter is not None and (
+        isinstance(maxiter, bool) or not isinstance(maxiter, int) or maxiter < 1
+    ):
+        raise ValueError(f"maxiter must be a positive int, got {maxiter!r}")
     local, p = o.shape
     n_all = _count(local, axis_name)
     keep = kept_walkers(o, e_l)
@@ -396,6 +454,13 @@ def natural_gradient(
         # XLA factors in the psum's output buffer (no third P x P temporary)
         a = s + damping * jnp.eye(p, dtype=o.dtype)
         return g, jax.scipy.linalg.solve(a, g, assume_a="pos")
+    if method == "cg":
+        if tol is None:
+            tol = 1e-10 if o.dtype == jnp.float64 else 1e-5
+        steps = 10 * p if maxiter is None else maxiter
+        return g, _cg_solve(o_c, g, damping, tol, steps, axis_name)
+    if method == "srt" and axis_name is not None:
+        return g, _srt_update(o_c, eps, damping, axis_name)
     first: jax.Array | int = 0
     if axis_name is None:
         o_all, eps_all = o_c, eps
@@ -409,6 +474,66 @@ def natural_gradient(
     y = jnp.linalg.solve(t + damping * jnp.eye(n_all, dtype=o.dtype), 2.0 * eps_all)
     mine = lax.dynamic_slice_in_dim(y, first, local)
     return g, _total(o_c * mine[:, None], axis_name)
+
+
+def _srt_update(
+    o_c: jax.Array, eps: jax.Array, damping: float, axis_name: str
+) -> jax.Array:
+    """MinSR's update with O re-sharded from walkers to parameters (all_to_all)."""
+    local, p = o_c.shape
+    devices = lax.axis_size(axis_name)
+    width = -(-p // devices)  # columns per device, after padding to a multiple
+    padded = jnp.pad(o_c, ((0, 0), (0, width * devices - p)))
+    # (B, D*width) rows of this device -> (N, width): every walker, this device's
+    # columns, the walkers in device order (as all_gather's tiled order)
+    cols = lax.all_to_all(padded, axis_name, split_axis=1, concat_axis=0, tiled=True)
+    eps_all = lax.all_gather(eps, axis_name, tiled=True)
+    t = lax.psum(cols @ cols.T, axis_name)
+    n_all = t.shape[0]
+    y = jnp.linalg.solve(t + damping * jnp.eye(n_all, dtype=o_c.dtype), 2.0 * eps_all)
+    # this device's columns of delta, placed at its offset; the psum assembles the
+    # whole (invariant) vector from the zeros elsewhere
+    part = jnp.zeros(width * devices, o_c.dtype)
+    part = lax.dynamic_update_slice_in_dim(
+        part, cols.T @ y, lax.axis_index(axis_name) * width, axis=0
+    )
+    return lax.psum(part, axis_name)[:p]
+
+
+def _cg_solve(
+    o_c: jax.Array,
+    g: jax.Array,
+    damping: float,
+    tol: float,
+    maxiter: int,
+    axis_name: str | None,
+) -> jax.Array:
+    """(O_c^T O_c + damping I) x = g by conjugate gradients, S never formed."""
+
+    def matvec(v: jax.Array) -> jax.Array:
+        sv = o_c.T @ (o_c @ v)
+        if axis_name is not None:
+            sv = lax.psum(sv, axis_name)
+        return sv + damping * v
+
+    stop = (tol * jnp.linalg.norm(g)) ** 2
+
+    def keep_going(state: tuple) -> jax.Array:
+        k, _, _, _, rr = state
+        return (k < maxiter) & (rr > stop)
+
+    def step(state: tuple) -> tuple:
+        k, x, r, d, rr = state
+        ad = matvec(d)
+        alpha = rr / jnp.vdot(d, ad)
+        x = x + alpha * d
+        r = r - alpha * ad
+        rr_new = jnp.vdot(r, r)
+        return k + 1, x, r, r + (rr_new / rr) * d, rr_new
+
+    x0 = jnp.zeros_like(g)
+    state = (0, x0, g, g, jnp.vdot(g, g))
+    return lax.while_loop(keep_going, step, state)[1]
 
 
 def _check_o_e(o: jax.Array, e_l: jax.Array) -> tuple[jax.Array, jax.Array]:
