@@ -601,3 +601,24 @@ def test_kfac_factors_need_no_cast():
     assert rel(want[1], g_hand.T @ g_hand / 64) < 1e-14
     for a, b in zip(got, want):
         assert rel(a, b) < 64 * 2.2e-16
+
+
+def test_netket_record_covers_every_method_within_its_bound():
+    """records/netket_compare.json (tools/netket_compare.py, run in an environment
+    with NetKet): every method of natural_gradient, on 8 devices and on one,
+    against NetKet's own SR and SRt updates on the same Jacobian, each within its
+    bound; a method added without a comparison fails here."""
+    import json
+    from pathlib import Path
+
+    record = json.loads(
+        (Path(__file__).parent.parent / "records" / "netket_compare.json").read_text()
+    )
+    assert record["passed"] and record["versions"]["netket"]
+    rows = record["rows"]
+    for method in sv.METHODS:
+        for where in ("8 devices", "1 device"):
+            for ref in ("SR", "SRt"):
+                row = rows[f"{method}, {where} vs NetKet {ref}"]
+                assert row["error"] <= row["bound"], (method, where, ref, row)
+    assert all(r["error"] <= r["bound"] for r in rows.values())
