@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, NamedTuple
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding
