@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> dict:
         )
         jax.block_until_ready(history)
         seconds = time.perf_counter() - start
+        a, b = (float(jax.nn.softplus(theta[k])) for k in ("a", "b"))
     h = {k: np.asarray(v) for k, v in history._asdict().items()}
     last = min(args.last, args.steps)
     mean, error = sv.blocked_mean(h["energy"][-last:], blocks=10)
@@ -114,8 +115,8 @@ def run(args: argparse.Namespace) -> dict:
             "deviation_in_errors": (mean - vp.TAUT_ENERGY) / error,
             "variance_first": float(h["variance"][0]),
             "variance_last": float(h["variance"][-1]),
-            "a": float(jax.nn.softplus(theta["a"])),
-            "b": float(jax.nn.softplus(theta["b"])),
+            "a": a,
+            "b": b,
         },
         "curve": {k: v.tolist() for k, v in h.items()},
     }
