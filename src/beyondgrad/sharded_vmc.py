@@ -112,7 +112,7 @@ def _count(local: int, axis_name: str | None) -> int:
 def _walker_step(
     batch_log_psi: Callable[[Params, jax.Array], jax.Array],
     params: Params,
-    sigma: float,
+    sigma: float | jax.Array,
 ) -> Callable[[tuple, tuple[jax.Array, jax.Array]], tuple[tuple, None]]:
     """One Metropolis move of every walker, from draws made beforehand.
 

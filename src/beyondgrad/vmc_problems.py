@@ -23,6 +23,7 @@ needed: the ansatz :func:`taut_log_psi`,
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +48,7 @@ TAUT_EXACT = (0.25, 0.5)
 
 
 def taut_params(
-    a: float = 0.4, b: float = 0.05, *, dtype: jnp.dtype | type = jnp.float64
+    a: float = 0.4, b: float = 0.05, *, dtype: Any = jnp.float64
 ) -> dict[str, jax.Array]:
     r"""Parameters of :func:`taut_log_psi` for given :math:`a, b > 0`.
 
