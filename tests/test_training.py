@@ -151,9 +151,9 @@ def test_width_adaptation_and_per_step_keys():
     Keys: step t's walkers are those of metropolis from step t-1's walkers with key
     fold_in(key, t): the chains are carried, the keys fresh per step (the same key
     every step, or chains restarted from the start, give other walkers)."""
-    params = {"c": jnp.zeros((), jnp.float64)}
     key = jax.random.key(7)
     with jax.enable_x64(True):
+        params = {"c": jnp.zeros((), jnp.float64)}
         x0 = jax.random.normal(jax.random.key(8), (64, 2, 3), jnp.float64)
         kw = dict(learning_rate=0.1, damping=1e-3, width=4.0, sweeps=4, omega=1.0)
         _, x3, h3 = sv.train(_fixed, params, x0, key, steps=3, **kw)
