@@ -664,23 +664,18 @@ def collectives_in(jaxpr: Any) -> list[tuple[str, int]]:
 
 
 class TrainingHistory(NamedTuple):
-    """What :func:`train` records at each step ``t`` (each field ``(steps,)``).
+    """What :func:`train` records at each step ``t``: each field a ``(steps,)`` array."""
 
-    Attributes:
-        energy: the mean local energy of the kept walkers (unclipped,
-            :func:`kept_energy`) at the parameters of step ``t``, before its update.
-        variance: their variance, :math:`\\to 0` at an eigenstate (zero-variance
-            principle).
-        acceptance: the Metropolis acceptance of step ``t``'s sweeps over all walkers
-            of all devices.
-        width: the proposal width step ``t`` sampled with.
-        dropped: the walkers :func:`kept_walkers` dropped (:func:`nonfinite_walkers`).
-    """
-
+    #: the mean local energy of the kept walkers (unclipped, :func:`kept_energy`) at
+    #: the parameters of step ``t``, before its update
     energy: jax.Array
+    #: their variance, :math:`\to 0` at an eigenstate (zero-variance principle)
     variance: jax.Array
+    #: the Metropolis acceptance of step ``t``'s sweeps over all walkers of all devices
     acceptance: jax.Array
+    #: the proposal width step ``t`` sampled with
     width: jax.Array
+    #: the walkers :func:`kept_walkers` dropped (:func:`nonfinite_walkers`)
     dropped: jax.Array
 
 
