@@ -173,7 +173,7 @@ def metropolis(
 
     Raises:
         TypeError: ``log_psi`` not callable; integer walkers; ``key`` not a PRNG key;
-            a bad ``axis_name``.
+            a bad ``axis_name``; a ``step_size`` array that is not a floating scalar.
         ValueError: walkers not ``(B, n, 3)``; ``steps`` or ``step_size`` not
             positive.
     """
