@@ -40,15 +40,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from beyondgrad import _checks, compat
 from beyondgrad.forward_laplacian import forward_laplacian
+from beyondgrad.laplacian import check_key
 from beyondgrad.vmc import (
     check_log_psi,
     check_walkers,
@@ -60,6 +64,8 @@ from beyondgrad.wavefunctions import Params
 __all__ = [
     "COLLECTIVES",
     "METHODS",
+    "TrainingHistory",
+    "blocked_mean",
     "clip_local_energies",
     "collective_bytes",
     "collectives_in",
@@ -70,6 +76,7 @@ __all__ = [
     "natural_gradient",
     "nonfinite_walkers",
     "per_walker_grads",
+    "train",
 ]
 
 LogPsi = Callable[[Params, jax.Array], jax.Array]
@@ -109,7 +116,7 @@ def _count(local: int, axis_name: str | None) -> int:
 def _walker_step(
     batch_log_psi: Callable[[Params, jax.Array], jax.Array],
     params: Params,
-    sigma: float,
+    sigma: float | jax.Array,
 ) -> Callable[[tuple, tuple[jax.Array, jax.Array]], tuple[tuple, None]]:
     """One Metropolis move of every walker, from draws made beforehand.
 
@@ -139,7 +146,7 @@ def metropolis(
     key: jax.Array,
     *,
     steps: int,
-    step_size: float,
+    step_size: float | jax.Array,
     axis_name: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     r"""``steps`` Metropolis steps towards :math:`|\psi|^2` for every walker.
@@ -160,7 +167,9 @@ def metropolis(
         walkers: ``(B, n, 3)`` floating-point positions (this device's block).
         key: a PRNG key (replicated).
         steps: the number of steps, a positive int.
-        step_size: the proposal's standard deviation :math:`\sigma > 0`.
+        step_size: the proposal's standard deviation :math:`\sigma > 0`: a Python
+            number, or a floating-point scalar array (traced inside a loop that adapts
+            it, as :func:`train` does; a concrete one is checked positive).
         axis_name: ``None`` on one device, else the mesh axis of the walkers.
 
     Returns:
@@ -168,7 +177,7 @@ def metropolis(
 
     Raises:
         TypeError: ``log_psi`` not callable; integer walkers; ``key`` not a PRNG key;
-            a bad ``axis_name``.
+            a bad ``axis_name``; a ``step_size`` array that is not a floating scalar.
         ValueError: walkers not ``(B, n, 3)``; ``steps`` or ``step_size`` not
             positive.
     """
@@ -176,7 +185,7 @@ def metropolis(
     walkers = check_walkers(walkers)
     _check_axis_name(axis_name)
     _checks.integer(steps, "steps", minimum=1, where="metropolis: ")
-    _checks.number(step_size, "step_size", above=0, where="metropolis: ")
+    _check_step_size(step_size, "step_size", "metropolis: ")
     local = walkers.shape[0]
     first = 0 if axis_name is None else lax.axis_index(axis_name) * local
     keys = walker_keys(key, local, first=first)  # (B,): fold_in(key, global index)
@@ -202,6 +211,21 @@ def metropolis(
     (x, _, accepted), _ = lax.scan(step, init, per_step)
     rate = accepted / (steps * local)
     return x, rate if axis_name is None else lax.pmean(rate, axis_name)
+
+
+def _check_step_size(value: object, name: str, where: str) -> None:
+    """A proposal width: a positive Python number, or a floating-point scalar array
+    (positive when concrete; a traced one is the caller's to keep positive)."""
+    if isinstance(value, jax.Array) and not _checks.is_real(value):
+        if value.ndim != 0 or not jnp.issubdtype(value.dtype, jnp.floating):
+            raise TypeError(
+                f"{where}{name} must be a positive number or a floating-point scalar "
+                f"array, got an array of dtype {value.dtype} and shape {value.shape}"
+            )
+        if compat.is_tracer(value):
+            return
+        value = float(value)
+    _checks.number(value, name, above=0, where=where)
 
 
 def local_energies(
@@ -762,3 +786,268 @@ def collectives_in(jaxpr: Any) -> list[tuple[str, int]]:
         else:
             found.extend(c for sub in subs for c in sub)
     return found
+
+
+class TrainingHistory(NamedTuple):
+    """What :func:`train` records at each step ``t``: each field a ``(steps,)`` array."""
+
+    #: the mean local energy of the kept walkers (unclipped, :func:`kept_energy`) at
+    #: the parameters of step ``t``, before its update
+    energy: jax.Array
+    #: their variance, :math:`\to 0` at an eigenstate (zero-variance principle)
+    variance: jax.Array
+    #: the Metropolis acceptance of step ``t``'s sweeps over all walkers of all devices
+    acceptance: jax.Array
+    #: the proposal width step ``t`` sampled with
+    width: jax.Array
+    #: the walkers :func:`kept_walkers` dropped (:func:`nonfinite_walkers`)
+    dropped: jax.Array
+
+
+def _check_mesh(mesh: object, axis_name: object, batch: int) -> int:
+    """The size of the walkers' mesh axis (1 without a mesh), after the checks."""
+    if mesh is None:
+        return 1
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(
+            f"train: mesh must be None (one device) or a jax.sharding.Mesh, got "
+            f"{type(mesh).__name__}; make one with runtime.demo_mesh(8, 'data')"
+        )
+    if not isinstance(axis_name, str) or axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"train: axis_name must name the mesh axis the walkers are split over, "
+            f"one of {tuple(mesh.axis_names)}; got {axis_name!r}"
+        )
+    size = int(mesh.shape[axis_name])
+    if batch % size:
+        raise ValueError(
+            f"train: {batch} walkers do not split evenly over the {size} devices of "
+            f"mesh axis {axis_name!r}; pass a multiple of {size} walkers"
+        )
+    return size
+
+
+def train(
+    log_psi: LogPsi,
+    params: Params,
+    walkers: jax.Array,
+    key: jax.Array,
+    *,
+    steps: int,
+    learning_rate: float,
+    damping: float,
+    width: float,
+    mesh: jax.sharding.Mesh | None = None,
+    axis_name: str = "data",
+    method: Method = "sr",
+    sweeps: int = 10,
+    target_acceptance: float = 0.5,
+    adapt_rate: float = 1.0,
+    clip_scale: float = 5.0,
+    omega: float = 1.0,
+) -> tuple[Params, jax.Array, TrainingHistory]:
+    r"""VMC training: ``steps`` natural-gradient steps, the chains kept from step to step.
+
+    Step :math:`t = 0, \dots,` ``steps - 1``, at parameters :math:`\theta_t` and
+    proposal width :math:`\sigma_t` (:math:`\sigma_0` = ``width``):
+
+    1. *Sample.* ``sweeps`` Metropolis sweeps of every walker towards
+       :math:`|\psi_{\theta_t}|^2` (:func:`metropolis`), from where step
+       :math:`t-1` left it (the chains are never restarted), with the key
+       :math:`k_t = \mathrm{fold\_in}(k, t)`; walker :math:`b` draws from
+       :math:`\mathrm{fold\_in}(k_t, b)`, :math:`b` its global index. The draws
+       depend on ``key``, :math:`t` and :math:`b` only: the walkers are the same on any
+       number of devices.
+    2. *Measure.* Local energies (:func:`local_energies`), the rows
+       :math:`O_{b\cdot}` (:func:`per_walker_grads`) and the keep mask
+       (:func:`kept_walkers`): a walker whose energy or row is not finite is dropped
+       from everything this step (it stays in its chain) and counted. Recorded: the
+       kept walkers' mean energy and variance (:func:`kept_energy`, unclipped).
+    3. *Update.* :math:`\theta_{t+1} = \theta_t - \eta\,\delta_t`, with
+       :math:`\delta_t` the damped natural gradient (:func:`natural_gradient`,
+       ``method``, :math:`\lambda` = ``damping``) of the energies clipped to
+       :math:`m \pm` ``clip_scale`` MAD (:func:`clip_local_energies`). When every
+       walker is dropped, :math:`\theta_{t+1} = \theta_t` (the step is recorded with
+       a NaN energy).
+    4. *Adapt.* With :math:`A_t` the accepted moves over all walkers of all devices
+       and sweeps (a collective over ``axis_name``, never one device's rate),
+       :math:`\sigma_{t+1} = \sigma_t\exp(\gamma(A_t/(\texttt{sweeps}\,N) - a^*))`,
+       :math:`\gamma` = ``adapt_rate``, :math:`a^*` = ``target_acceptance``. The
+       acceptance of a Gaussian proposal falls as :math:`\sigma` grows, so the
+       width settles where the acceptance is :math:`a^*`; :math:`\gamma = 0` keeps
+       it fixed. The acceptance is the exact count divided once by
+       ``sweeps`` :math:`\cdot N`, the same on any number of devices.
+
+    The ``steps`` steps run as one compiled program (a ``lax.scan``; with ``mesh``,
+    inside ``jax.shard_map`` with the walkers split over ``axis_name`` and
+    everything else replicated), compiled at each call. Across device counts the
+    walkers and widths agree exactly; the energies and parameters differ by the
+    rounding of sums taken in another order.
+
+    Args:
+        log_psi: ``log_psi(params, positions (n, 3)) -> scalar``.
+        params: the starting parameters, a pytree of floating-point arrays.
+        walkers: ``(N, n, 3)`` floating-point starting positions, ``N`` a multiple of
+            the mesh axis' size.
+        key: a PRNG key (``jax.random.key(0)``), the run's only source of randomness.
+        steps: the number of training steps, a positive int.
+        learning_rate: :math:`\eta > 0`.
+        damping: :math:`\lambda > 0`, added to the SR / MinSR matrix.
+        width: the first proposal width :math:`\sigma_0 > 0`.
+        mesh: ``None`` (one device) or the mesh whose ``axis_name`` axis splits the
+            walkers.
+        axis_name: the mesh axis of the walkers (only read with a mesh).
+        method: one of :data:`METHODS` (:func:`natural_gradient`; ``"cg"`` with
+            its default ``tol`` and ``maxiter``).
+        sweeps: Metropolis sweeps per step, a positive int.
+        target_acceptance: :math:`a^*`, strictly between 0 and 1.
+        adapt_rate: :math:`\gamma \ge 0`.
+        clip_scale: the clipping window's half-width in MADs, positive.
+        omega: the trap frequency of the Hamiltonian.
+
+    Returns:
+        ``(params, walkers, history)``: the parameters after the last update, the
+        walkers after the last step's sweeps (sharded over ``axis_name`` with a
+        mesh), and a :class:`TrainingHistory` of ``(steps,)`` arrays.
+
+    Raises:
+        TypeError: ``log_psi`` not callable; integer walkers or parameters; ``key``
+            not a PRNG key; a number of the wrong kind; ``mesh`` not a ``Mesh``.
+        ValueError: walkers not ``(N, n, 3)``; a number out of its range; an unknown
+            method; ``axis_name`` not an axis of ``mesh``; ``N`` not a multiple of
+            its size; ``params`` without arrays.
+    """
+    where = "train: "
+    check_log_psi(log_psi)
+    walkers = check_walkers(walkers)
+    check_key(key)
+    _checks.float_leaves(
+        params,
+        "params",
+        why="they are trained",
+        fix="cast with .astype(jnp.float64), or make them with float values",
+        empty="pass the wavefunction's parameters, e.g. vmc_problems.taut_params()",
+        where=where,
+    )
+    _checks.integer(steps, "steps", minimum=1, where=where)
+    _checks.integer(sweeps, "sweeps", minimum=1, where=where)
+    _checks.number(learning_rate, "learning_rate", above=0, where=where)
+    _checks.number(damping, "damping", above=0, where=where)
+    _checks.number(width, "width", above=0, where=where)
+    _checks.number(
+        target_acceptance, "target_acceptance", above=0, below=1, where=where
+    )
+    _checks.number(adapt_rate, "adapt_rate", at_least=0, where=where)
+    _checks.number(clip_scale, "clip_scale", above=0, where=where)
+    _checks.number(omega, "omega", where=where)
+    if method not in METHODS:
+        raise ValueError(
+            f"{where}method must be one of {', '.join(map(repr, METHODS))}, "
+            f"got {method!r}"
+        )
+    _check_mesh(mesh, axis_name, walkers.shape[0])
+    axis = None if mesh is None else axis_name
+    total = walkers.shape[0]  # N, all devices
+    dtype = walkers.dtype
+
+    def run(
+        theta: Params, x: jax.Array, k: jax.Array, sigma: jax.Array
+    ) -> tuple[Params, jax.Array, tuple[jax.Array, ...]]:
+        def one_step(
+            carry: tuple[Params, jax.Array, jax.Array], t: jax.Array
+        ) -> tuple[tuple[Params, jax.Array, jax.Array], tuple[jax.Array, ...]]:
+            theta, x, sigma = carry
+            x, rate = metropolis(
+                log_psi,
+                theta,
+                x,
+                jax.random.fold_in(k, t),
+                steps=sweeps,
+                step_size=sigma,
+                axis_name=axis,
+            )
+            e = local_energies(log_psi, theta, x, omega=omega)
+            o, unravel = per_walker_grads(log_psi, theta, x, axis_name=axis)
+            keep = kept_walkers(o, e)
+            clipped = clip_local_energies(
+                e, scale=clip_scale, keep=keep, axis_name=axis
+            )
+            energy, variance = kept_energy(e, keep, axis_name=axis)
+            _, delta = natural_gradient(
+                o, clipped, damping=damping, method=method, axis_name=axis
+            )
+            dropped = nonfinite_walkers(o, e, axis_name=axis)
+            step = unravel(jnp.where(dropped < total, learning_rate * delta, 0))
+            theta = jax.tree.map(lambda p, d: p - d, theta, step)
+            # the accepted count is an integer: rounding the mean over devices recovers
+            # it exactly, and one division makes the rate the same on any device count
+            moves = sweeps * total
+            acceptance = jnp.round(rate * moves) / moves
+            new_sigma = sigma * jnp.exp(adapt_rate * (acceptance - target_acceptance))
+            return (theta, x, new_sigma), (energy, variance, acceptance, sigma, dropped)
+
+        (theta, x, _), history = lax.scan(
+            one_step, (theta, x, sigma), jnp.arange(steps)
+        )
+        return theta, x, history
+
+    sigma0 = jnp.asarray(width, dtype)
+    if mesh is None:
+        program = jax.jit(run)
+    else:
+        program = jax.jit(
+            jax.shard_map(
+                run,
+                mesh=mesh,
+                in_specs=(P(), P(axis_name), P(), P()),
+                out_specs=(P(), P(axis_name), P()),
+                check_vma=True,
+            )
+        )
+        replicated = NamedSharding(mesh, P())
+        params = jax.device_put(params, replicated)
+        walkers = jax.device_put(walkers, NamedSharding(mesh, P(axis_name)))
+        key = jax.device_put(key, replicated)
+        sigma0 = jax.device_put(sigma0, replicated)
+    theta, x, history = program(params, walkers, key, sigma0)
+    return theta, x, TrainingHistory(*history)
+
+
+def blocked_mean(values: Any, *, blocks: int = 10) -> tuple[float, float]:
+    r"""The mean of a correlated series and its standard error, by blocking.
+
+    The series (e.g. :attr:`TrainingHistory.energy` over the last steps) is cut into
+    ``blocks`` consecutive blocks of equal length :math:`L` (the first
+    ``len(values) % blocks`` values are left out); with :math:`\bar x_j` the block
+    means, the estimate is their mean and the error
+    :math:`\sqrt{\sum_j(\bar x_j-\bar x)^2/(b(b-1))}`. Once :math:`L` exceeds the
+    series' autocorrelation time the block means are nearly independent, so this
+    error accounts for the correlation between steps that the naive
+    :math:`\sigma/\sqrt{\text{len}}` ignores. In float64 NumPy, on the host.
+
+    Args:
+        values: a 1-D array of at least ``2 * blocks`` finite numbers.
+        blocks: the number of blocks :math:`b`, an int >= 2.
+
+    Returns:
+        ``(mean, standard error)`` as Python floats.
+
+    Raises:
+        ValueError: ``values`` not 1-D, too short, or not finite.
+        TypeError: ``blocks`` not an int.
+    """
+    _checks.integer(blocks, "blocks", minimum=2, where="blocked_mean: ")
+    x = np.asarray(values, np.float64)
+    if x.ndim != 1 or len(x) < 2 * blocks:
+        raise ValueError(
+            f"blocked_mean: values must be 1-D with at least 2 * blocks = {2 * blocks} "
+            f"entries, got shape {x.shape}; pass more steps or fewer blocks"
+        )
+    if not np.all(np.isfinite(x)):
+        raise ValueError(
+            "blocked_mean: values must be finite; leave out the steps whose energy is "
+            "NaN (every walker dropped: see TrainingHistory.dropped)"
+        )
+    length = len(x) // blocks
+    means = x[len(x) - blocks * length :].reshape(blocks, length).mean(axis=1)
+    return float(means.mean()), float(means.std(ddof=1) / np.sqrt(blocks))
