@@ -733,7 +733,7 @@ def comparable(quote: str) -> str:
 @pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
 def test_guide_quotes_what_the_checker_prints(mistake):
     """The quote is in the first message the student sees (:func:`first_message`);
-    a follow-up quote, if any, is in a later one."""
+    a follow-up quote, if any, is on a later line (of that message or a later one)."""
     feedback = mistake.check()
     assert not feedback, (
         f"the checker accepted the mistaken answer of {mistake.name!r}: {feedback}"
@@ -747,7 +747,10 @@ def test_guide_quotes_what_the_checker_prints(mistake):
         f"instructor_guide.md does not quote {mistake.quote!r}, which the checker prints"
     )
     if mistake.then:
-        later = normalized(" ".join(feedback.messages[1:]))
+        # a later line: of the first message (JAX's error after the checker's line)
+        # or of a later message
+        first_rest = feedback.messages[0].split("\n")[1:] if feedback.messages else []
+        later = normalized(" ".join([*first_rest, *feedback.messages[1:]]))
         assert comparable(mistake.then) in later, (
             f"the guide quotes {mistake.then!r} after the first message for "
             f"{mistake.name!r}; the checker prints:\n{feedback}"
