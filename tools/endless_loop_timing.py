@@ -150,10 +150,55 @@ def _endless_row_sums(xb: Any) -> Any:
     )[0]
 
 
-#: Answers with an endless compiled loop where :func:`_endless_compiled` does not
-#: fit the checker's ``shard_map`` (its result would vary over an axis that the
-#: out_specs leave out, an error at trace time, before the loop runs).
-_COMPILED_ANSWERS: dict[str, Callable[..., Any]] = {"4.3": _endless_row_sums}
+def _endless_jacobian(f: Callable[..., Any], params: Any) -> Any:
+    """Exercise 2.2: zeros of the Jacobian's structure and shapes after the loop."""
+    import jax
+    import jax.numpy as jnp
+
+    count = _spin(jax.tree.leaves(params)[0])
+    return jax.tree.map(
+        lambda o: jax.tree.map(
+            lambda p: jnp.zeros(o.shape + p.shape, p.dtype) + 0 * count, params
+        ),
+        jax.eval_shape(f, params),
+    )
+
+
+def _endless_second_derivative(a: Any, i: Any, u: Any) -> Any:
+    """Exercise 5.2: a scalar after the loop."""
+    return 0 * _spin(a)
+
+
+def _endless_variance_step(params: Any, walkers: Any) -> Any:
+    """Exercise 5.3: ``(variance, gradient)``, invariant (the loop starts from the
+    invariant ``params``), after the loop."""
+    import jax
+
+    count = _spin(jax.tree.leaves(params)[0])
+    return 0 * count, jax.tree.map(
+        lambda p: p * 0 + (0 * count).astype(p.dtype), params
+    )
+
+
+def _endless_per_walker_grads(w: Any, x: Any) -> Any:
+    """Exercise 6.2: one gradient of ``w``'s shape per local point, after the loop."""
+    import jax.numpy as jnp
+
+    count = _spin(x)
+    return jnp.zeros(x.shape[:1] + w.shape, w.dtype) + (0 * count).astype(w.dtype)
+
+
+#: Answers with an endless compiled loop where :func:`_endless_compiled` does not fit:
+#: its result would vary over an axis the ``shard_map``'s out_specs leave out (an
+#: error at trace time, before the loop runs), or have another structure or shape
+#: than the checker expects (a verdict from shapes alone, while the loop runs on).
+_COMPILED_ANSWERS: dict[str, Callable[..., Any]] = {
+    "2.2": _endless_jacobian,
+    "4.3": _endless_row_sums,
+    "5.2": _endless_second_derivative,
+    "5.3": _endless_variance_step,
+    "6.2": _endless_per_walker_grads,
+}
 
 
 def _checkers() -> dict[str, Callable[..., Any]]:
