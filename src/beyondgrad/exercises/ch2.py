@@ -849,7 +849,10 @@ def _summed_rows_message(
     if all(is_sum(k, sums[k]) for k in range(len(shapes))):
         return SUMMED_ROWS_MESSAGE
     everything = [
-        (sum(s[j][0] for s in sums), sum(s[j][1] for s in sums))
+        (
+            np.sum([s[j][0] for s in sums], axis=0),
+            np.sum([s[j][1] for s in sums], axis=0),
+        )
         for j in range(len(sums[0]))
     ]
     if len(shapes) > 1 and all(is_sum(k, everything) for k in range(len(shapes))):
