@@ -993,6 +993,7 @@ def _normalise(value: Any) -> str | None:
     return None
 
 
+@ex.timed_check("Exercise 2.3, the cheaper Jacobian", ex.TIME_LIMIT)
 def check_jacobian_strategy(prediction: Any, *, strict: bool = False) -> ex.Feedback:
     """Exercise 2.3: ``"jacfwd"`` or ``"jacrev"`` per case of :func:`strategy_cases`.
 
@@ -1000,7 +1001,9 @@ def check_jacobian_strategy(prediction: Any, *, strict: bool = False) -> ex.Feed
     :func:`strategy_cases`, or a function returning either. Answers are normalised
     (``" JacRev "`` and ``"jax.jacrev"`` count as ``"jacrev"``). Graded on the cost
     model only: ``jacfwd`` runs one JVP per input number, ``jacrev`` one VJP per
-    output number; the cheaper has at least 5x fewer passes in every case.
+    output number; the cheaper has at least 5x fewer passes in every case. A function
+    is called under :func:`~beyondgrad.exercises.timed_check` (``TIME_LIMIT`` s): an
+    endless loop in it, compiled or not, is answered, not waited for.
     """
     name = "Exercise 2.3, the cheaper Jacobian"
     cases = strategy_cases()
