@@ -703,3 +703,65 @@ def test_the_accuracy_bounds_hold_with_their_margin():
         np.max(np.abs(got_s - slope)[big] / slope[big]),
     )
     assert worst < ch1.BUMP_RTOL / 4  # measured 1.9e-6 against 1e-5
+
+
+# --- Slips named first (issue #44) ------------------------------------------------------
+# The first line a student sees names the slip; JAX's own error follows on later lines.
+
+
+def _numpy_bump(x):  # NumPy on the input: works on a number, not on a tracer
+    return np.where(x > 0, np.exp(-1.0 / np.where(x > 0, x, 1.0)), 0.0)
+
+
+def _numpy_inside_bump(x):  # one np. call among jnp ones
+    return jnp.where(x > 0, np.exp(-1.0 / jnp.where(x > 0, x, 1.0)), 0.0)
+
+
+@pytest.mark.parametrize("answer", [_numpy_bump, _numpy_inside_bump])
+def test_finite_grad_names_numpy_on_a_tracer_first(answer):
+    fb = ch1.check_finite_grad(answer)
+    _assert_rejected(fb)
+    first, *rest = fb.messages[0].split("\n")
+    assert first == exercises.NUMPY_ON_TRACER, str(fb)
+    assert "jax.numpy" in first and "tracer" in first
+    # JAX's own error after it, with what was called
+    assert rest and rest[0].lstrip().startswith(
+        "vmap(bump_safe) raised TracerArrayConversionError"
+    ), str(fb)
+
+
+def test_fix_jit_names_numpy_on_a_tracer_first():
+    fb = ch1.check_fix_jit(lambda x, n, m: np.sin(x), seed=0)
+    _assert_rejected(fb)
+    lines = fb.messages[0].split("\n")
+    assert lines[0] == exercises.NUMPY_ON_TRACER, str(fb)
+    assert "raised TracerArrayConversionError" in lines[1], str(fb)
+
+
+def _fori_to_max_n(x, n, n_max):  # n_max ignored: the trip count max(n) is traced
+    return lax.fori_loop(0, jnp.max(n), lambda i, v: jnp.where(i < n, jnp.sin(v), v), x)
+
+
+@pytest.mark.parametrize("answer", [_vmap_while, _fori_to_max_n])
+def test_fix_jit_names_a_traced_trip_count_before_jax_error(answer):
+    fb = ch1.check_fix_jit(answer, seed=0)
+    _assert_rejected(fb)
+    first, *rest = fb.messages[0].split("\n")
+    assert first == ch1.TRACED_TRIP_COUNT, str(fb)
+    assert "n_max" in first and "mask" in first
+    assert rest and rest[0].lstrip().startswith(
+        "jax.grad of the sum of your function raised ValueError: Reverse-mode "
+        "differentiation does not work"
+    ), str(fb)
+
+
+def test_call_answer_names_numpy_on_a_tracer_only_for_that_error():
+    """The named slip comes from the exception's type, not from its text."""
+
+    def boom(x):
+        raise ValueError("TracerArrayConversionError in a message of my own")
+
+    plain = exercises.failed(exercises.call_answer(boom, 1.0))
+    assert plain.startswith("your function raised ValueError"), plain
+    traced = exercises.failed(exercises.call_answer(jax.jit(np.asarray), jnp.ones(2)))
+    assert traced.startswith(exercises.NUMPY_ON_TRACER + "\n    your function raised")

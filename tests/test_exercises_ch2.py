@@ -4,6 +4,7 @@ checkers' own (hand-derived transposes, dense matrices built in float64 NumPy, l
 sizes)."""
 
 import re
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -515,11 +516,7 @@ def _summed_outputs(f, params):  # pulls back all-ones: the gradient of the sum
 
 
 JACREV_WRONG = [
-    (
-        "summed outputs",
-        _summed_outputs,
-        "a cotangent of ones_like(leaf) pulls back the sum",
-    ),
+    ("summed outputs", _summed_outputs, ch2.SUMMED_OUTPUTS_MESSAGE),
     (
         "scaled 1e-3",
         lambda f, p: jax.tree.map(lambda a: a * 1.001, linearize_jacrev(f, p)),
@@ -1052,3 +1049,57 @@ def test_every_wrong_transpose_the_dot_test_faces_is_wrong():
             for k in range(3)
         )
         assert mismatch > 1e-2, (slip, mismatch)
+
+
+# --- A cotangent of ones named first (issue #44) ----------------------------------------
+
+
+def _ones_per_leaf(f, params, *, repeat_rows):
+    """One transpose per output leaf, with ones_like(leaf) as its cotangent (and zeros
+    for the other leaves): each "row" is the sum of the leaf's rows, repeated over the
+    leaf's entries (``repeat_rows``) or given once, shaped as the parameter."""
+    out, f_jvp = jax.linearize(f, params)
+    transpose = jax.linear_transpose(f_jvp, params)
+    leaves, treedef = jax.tree.flatten(out)
+    rows = []
+    for k, leaf in enumerate(leaves):
+        cotangent = [
+            jnp.ones_like(o) if j == k else jnp.zeros_like(o)
+            for j, o in enumerate(leaves)
+        ]
+        (summed,) = transpose(jax.tree.unflatten(treedef, cotangent))
+        if repeat_rows:
+            summed = jax.tree.map(
+                lambda p, s=leaf.shape: jnp.broadcast_to(p, s + p.shape), summed
+            )
+        rows.append(summed)
+    return jax.tree.unflatten(treedef, rows)
+
+
+@pytest.mark.parametrize("repeat_rows", [True, False])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_check_rebuilt_jacrev_names_a_cotangent_of_ones_first(repeat_rows, seed):
+    answer = partial(_ones_per_leaf, repeat_rows=repeat_rows)
+    fb = ch2.check_rebuilt_jacrev(answer, seed=seed)
+    assert not fb.passed and fb.attempted, str(fb)
+    assert fb.messages[0] == ch2.SUMMED_ROWS_MESSAGE, str(fb)
+    assert "one-hot cotangent" in fb.messages[0]
+    # where, got and expected after it
+    kind = "differs from the reference" if repeat_rows else "has shape"
+    assert kind in fb.messages[1] and "my_jacrev(" in fb.messages[1], str(fb)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda f, p: jax.tree.map(lambda a: a * 1.001, linearize_jacrev(f, p)),
+        lambda f, p: jax.tree.map(lambda a: -a, linearize_jacrev(f, p)),
+    ],
+    ids=["scaled", "negated"],
+)
+def test_check_rebuilt_jacrev_names_no_sum_where_there_is_none(answer):
+    fb = ch2.check_rebuilt_jacrev(answer, seed=0)
+    assert not fb.passed
+    assert ch2.SUMMED_ROWS_MESSAGE not in fb.messages, str(fb)
+    assert ch2.SUMMED_OUTPUTS_MESSAGE not in fb.messages, str(fb)
+    assert "differs from the reference" in fb.messages[0], str(fb)

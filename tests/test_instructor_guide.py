@@ -23,7 +23,7 @@ import pytest
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from beyondgrad import implicit
+from beyondgrad import exercises, implicit
 from beyondgrad import implicit_problems as problems
 from beyondgrad.exercises import ch1 as ex1
 from beyondgrad.exercises import ch2 as ex2
@@ -275,6 +275,27 @@ def _transpose_of_map_matrix(v):
     return {"x": back[:6], "s": back[6]}
 
 
+def _ones_per_output_leaf(f, params):
+    """One transpose per output leaf, its cotangent ones_like(leaf): the sum of the
+    leaf's rows, repeated in every row."""
+    out, f_jvp = jax.linearize(f, params)
+    transpose = jax.linear_transpose(f_jvp, params)
+    leaves, treedef = jax.tree.flatten(out)
+    rows = []
+    for k, leaf in enumerate(leaves):
+        cotangent = [
+            jnp.ones_like(o) if j == k else jnp.zeros_like(o)
+            for j, o in enumerate(leaves)
+        ]
+        (summed,) = transpose(jax.tree.unflatten(treedef, cotangent))
+        rows.append(
+            jax.tree.map(
+                lambda p, s=leaf.shape: jnp.broadcast_to(p, s + p.shape), summed
+            )
+        )
+    return jax.tree.unflatten(treedef, rows)
+
+
 def _jacobian_by_columns(f, params):
     """Exercise 2.2 by forward mode: the linearized map applied to basis tangents."""
     out, f_jvp = jax.linearize(f, params)
@@ -297,9 +318,10 @@ MISTAKES = [
     Mistake(
         "ch1-vmap-while-copied",
         lambda: ex1.check_fix_jit(_vmap_while, seed=0),
-        "reverse mode cannot go through a loop whose trip count is traced (a "
-        "while_loop, or a fori_loop with traced bounds): give the loop the static trip "
-        "count n_max, and keep each entry's finished value with jnp.where",
+        ex1.TRACED_TRIP_COUNT,
+        "jax.grad of the sum of your function raised ValueError: Reverse-mode "
+        "differentiation does not work for lax.while_loop or lax.fori_loop with dynamic "
+        "start/stop values",
     ),
     Mistake(
         "ch1-python-loop",
@@ -398,6 +420,14 @@ MISTAKES = [
         "vmap(bump_safe) raised TracerBoolConversionError",
     ),
     Mistake(
+        "ch1-numpy-on-the-input",
+        lambda: ex1.check_finite_grad(
+            lambda x: np.where(x > 0, np.exp(-1.0 / np.where(x > 0, x, 1.0)), 0.0)
+        ),
+        exercises.NUMPY_ON_TRACER,
+        "vmap(bump_safe) raised TracerArrayConversionError",
+    ),
+    Mistake(
         "ch2-forgot-s",
         lambda: ex2.check_transpose(
             lambda v: {
@@ -484,6 +514,12 @@ MISTAKES = [
         "you built the Jacobian by columns, applying the linearized map to basis "
         "vectors; 2.2 asks for rows: transpose the linearized map with "
         "jax.linear_transpose and apply it to one-hot cotangents",
+    ),
+    Mistake(
+        "ch2-ones-per-output-leaf",
+        lambda: ex2.check_rebuilt_jacrev(_ones_per_output_leaf, seed=0),
+        ex2.SUMMED_ROWS_MESSAGE,
+        "differs from the reference",
     ),
     Mistake(
         "ch2-per-example-jacfwd",
@@ -697,7 +733,7 @@ def comparable(quote: str) -> str:
 @pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
 def test_guide_quotes_what_the_checker_prints(mistake):
     """The quote is in the first message the student sees (:func:`first_message`);
-    a follow-up quote, if any, is in a later one."""
+    a follow-up quote, if any, is on a later line (of that message or a later one)."""
     feedback = mistake.check()
     assert not feedback, (
         f"the checker accepted the mistaken answer of {mistake.name!r}: {feedback}"
@@ -711,7 +747,10 @@ def test_guide_quotes_what_the_checker_prints(mistake):
         f"instructor_guide.md does not quote {mistake.quote!r}, which the checker prints"
     )
     if mistake.then:
-        later = normalized(" ".join(feedback.messages[1:]))
+        # a later line: of the first message (JAX's error after the checker's line)
+        # or of a later message
+        first_rest = feedback.messages[0].split("\n")[1:] if feedback.messages else []
+        later = normalized(" ".join([*first_rest, *feedback.messages[1:]]))
         assert comparable(mistake.then) in later, (
             f"the guide quotes {mistake.then!r} after the first message for "
             f"{mistake.name!r}; the checker prints:\n{feedback}"

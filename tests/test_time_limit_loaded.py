@@ -230,3 +230,51 @@ def test_a_check_cut_off_on_a_busy_machine_says_so(cpu_hog):
     )
     assert found and "run the check again" in text, text
     assert 0 < int(found.group(1)) <= _waited(text) + 1, text
+
+
+_COMPILED_ANSWER = textwrap.dedent(
+    """
+    import os, time
+    import jax, jax.numpy as jnp
+    from jax import lax
+    from beyondgrad.exercises import ch2, ch4
+
+    never_ends = jax.jit(
+        lambda x: lax.while_loop(lambda c: c[1] >= 0, lambda c: (c[0] + 1.0, c[1]), (x, 1))
+    )
+    compiled = never_ends.lower(jnp.float32(0)).compile()  # compiled before the clock
+
+    def answer():  # an answer given as a function, whose compiled loop never ends
+        compiled(jnp.float32(0)).block_until_ready()
+        return {{}}
+
+    check = {{"2.3": ch2.check_jacobian_strategy, "4.1": ch4.check_predict_vma}}["{name}"]
+    start = time.monotonic()
+    fb = check(answer)
+    print("TOOK", time.monotonic() - start)
+    print(fb, flush=True)
+    os._exit(0)  # the XLA loop cannot be stopped; the process ends it
+    """
+)
+
+
+@pytest.mark.parametrize("name", ["2.3", "4.1"])
+def test_a_checker_of_a_value_answers_an_endless_compiled_loop(name, promised_load):
+    """Checkers whose answer is a value or a function returning it (2.3, 4.1) call the
+    function under their own time limit too: before, they called it in the main thread,
+    where the timer cannot stop compiled code, and waited for ever."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", _COMPILED_ANSWER.format(name=name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    took = float(re.search(r"TOOK ([0-9.]+)", out.stdout).group(1))
+    limit = ex.TIME_LIMIT
+    assert limit <= took <= limit + PROMISED_MARGIN, out.stdout
+    assert f"did not finish within {limit:g} s" in out.stdout, out.stdout
+    assert "still running in the background" in out.stdout, out.stdout
+    assert "restart the kernel (Colab: Runtime > Restart session" in out.stdout

@@ -5,8 +5,10 @@ from the pieces here:
 
 * :func:`call_answer` runs the student's code. A bare ``raise NotImplementedError``
   (the stub a student starts from) becomes :data:`NOT_ATTEMPTED`; any other exception
-  becomes a verdict that keeps the whole (trimmed) message, so JAX's own hints survive;
-  a value passed where a function is expected is named as such.
+  becomes a verdict that keeps the whole (trimmed) message, so JAX's own hints survive,
+  after a first line naming the slip where the exception's type tells it (NumPy
+  applied to a tracer: :data:`NUMPY_ON_TRACER`); a value passed where a function is
+  expected is named as such.
 * :func:`tree_mismatches` compares two pytrees of arrays and says, in words, what
   differs: structure, a Python scalar where an array was expected, shape, dtype,
   non-finite values (which must match the reference exactly, in place and sign), and
@@ -61,6 +63,7 @@ __all__ = [
     "F32_UNIT_ROUNDOFF",
     "F64_UNIT_ROUNDOFF",
     "NOT_ATTEMPTED",
+    "NUMPY_ON_TRACER",
     "CHECK_LIMIT",
     "TIME_LIMIT",
     "ExerciseFailed",
@@ -341,10 +344,30 @@ def call_answer(fn: Any, *args: Any, what: str = "your function", **kwargs: Any)
         return _Failure(f"{what} raised NotImplementedError: {_trim(str(e))}")
     except Exception as e:  # the student's error is the feedback
         text = _trim(str(e))
-        return _Failure(
-            f"{what} raised {type(e).__name__}"
-            + (f": {text}" if text else " (no message)")
+        raised = f"{what} raised {type(e).__name__}" + (
+            f": {text}" if text else " (no message)"
         )
+        slip = _named_slip(e)
+        return _Failure(f"{slip}\n    {raised}" if slip else raised)
+
+
+#: The first line of a failure whose exception is JAX's
+#: ``TracerArrayConversionError`` (:func:`_named_slip`).
+NUMPY_ON_TRACER = (
+    "your code turned a traced value into a NumPy array (a numpy function such as "
+    "np.exp, np.where or np.asarray applied to its input, or to a value computed from "
+    "it): under jit, vmap, grad and shard_map the input is a tracer, which has no "
+    "NumPy value; write it with jax.numpy (jnp.exp, jnp.where, ...), JAX's error below"
+)
+
+
+def _named_slip(error: Exception) -> str | None:
+    """The student's slip in plain words, for an exception whose cause is known from
+    its type alone (the checker's :func:`call_answer` puts it before JAX's text); None
+    otherwise. Today: NumPy applied to a tracer (:data:`NUMPY_ON_TRACER`)."""
+    if isinstance(error, jax.errors.TracerArrayConversionError):
+        return NUMPY_ON_TRACER
+    return None
 
 
 def call_within(

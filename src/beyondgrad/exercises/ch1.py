@@ -43,6 +43,7 @@ __all__ = [
     "NAN_INTERVAL_RTOL",
     "RETRACE_QUIZZES",
     "TIME_LIMIT",
+    "TRACED_TRIP_COUNT",
     "bump",
     "check_finite_grad",
     "check_fix_jit",
@@ -144,18 +145,29 @@ def fix_jit_counts(seed: int | None = None) -> list[tuple[np.ndarray, np.ndarray
     return cases
 
 
+#: Exercise 1.1: the first line when reverse mode meets a loop with a traced trip
+#: count (a ``vmap``-ped ``while_loop``, a ``fori_loop`` to ``jnp.max(n)``).
+TRACED_TRIP_COUNT = (
+    "reverse mode cannot go through a loop whose trip count is traced (a while_loop, "
+    "or a fori_loop with traced bounds such as jnp.max(n)): the backward pass needs "
+    "every step's values, and the number of steps is unknown when the loop is "
+    "compiled. Loop a static n_max times (lax.fori_loop(0, n_max, ...)) and keep each "
+    "entry's finished value with a mask, jnp.where(i < n, step, value), as the "
+    "exercise says"
+)
+
+
 def _fix_jit_hint(message: str) -> str:
-    """What to change, for the usual failures of exercise 1.1."""
+    """What to change, for the usual failures of exercise 1.1 (the checker's own line,
+    put before JAX's error by :func:`_with_hint`), or ``""``."""
     message = message.split(" raised ", 1)[-1]  # the error, not what was called
     if "Reverse-mode differentiation does not work" in message:
-        return (
-            "\n    reverse mode cannot go through a loop whose trip count is traced (a "
-            "while_loop, or a fori_loop with traced bounds): give the loop the static "
-            "trip count n_max, and keep each entry's finished value with jnp.where"
-        )
+        return TRACED_TRIP_COUNT
+    if "TracerArrayConversionError" in message:  # named by call_answer already
+        return ""
     if "static" in message or "hashable" in message:
         return (
-            "\n    n is an array of counts, one per entry, so it cannot be a static "
+            "n is an array of counts, one per entry, so it cannot be a static "
             "argument: keep it traced; n_max is the static one"
         )
     if any(
@@ -163,16 +175,23 @@ def _fix_jit_hint(message: str) -> str:
         for k in ("TracerIntegerConversionError", "Concretization", "scalar index")
     ):
         return (
-            "\n    range(n), int(n) and n.max() in Python need concrete numbers; under "
+            "range(n), int(n) and n.max() in Python need concrete numbers; under "
             "jit n is traced: the number of steps you may use in Python is n_max"
         )
     if "boolean scalar" in message or "must be scalars" in message:
         return (
-            "\n    a loop primitive's trip count is one scalar for the whole loop, and "
+            "a loop primitive's trip count is one scalar for the whole loop, and "
             "here each entry has its own n: loop n_max times and keep finished "
             "entries with jnp.where"
         )
     return ""
+
+
+def _with_hint(failure: str) -> str:
+    """``failure`` (the student's error) after the checker's line naming the slip
+    (:func:`_fix_jit_hint`), where it has one."""
+    hint = _fix_jit_hint(failure)
+    return f"{hint}\n    {failure}" if hint else failure
 
 
 def _loop_steps(answer: Callable, x: jax.Array, n: jax.Array, n_max: int) -> int:
@@ -294,7 +313,7 @@ def _check_fix_jit(answer: Callable, seed: int | None) -> Feedback:
             return exercises.verdict(EX1, [], attempted=False)
         failure = exercises.failed(got)
         if failure:
-            return exercises.verdict(EX1, [failure + _fix_jit_hint(failure)])
+            return exercises.verdict(EX1, [_with_hint(failure)])
         want, want_slope = _sin_iterates(x, n)
         where = f"case {k + 1} (n_max = {n_max})"
         problems = exercises.tree_mismatches(
@@ -317,7 +336,7 @@ def _check_fix_jit(answer: Callable, seed: int | None) -> Feedback:
         )
         failure = exercises.failed(slope)
         if failure:
-            return exercises.verdict(EX1, [failure + _fix_jit_hint(failure)])
+            return exercises.verdict(EX1, [_with_hint(failure)])
         problems = exercises.tree_mismatches(
             slope,
             want_slope,

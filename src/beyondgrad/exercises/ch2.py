@@ -41,6 +41,8 @@ __all__ = [
     "EXERCISE_MAP_SIZE",
     "JACREV_BANNED",
     "JACREV_RTOL",
+    "SUMMED_OUTPUTS_MESSAGE",
+    "SUMMED_ROWS_MESSAGE",
     "TRANSPOSE_BANNED",
     "TRANSPOSE_RTOL",
     "check_jacobian_strategy",
@@ -766,6 +768,98 @@ def _jacrev_scale(f: Callable[..., PyTree], params: Mapping[str, Any]) -> PyTree
     )
 
 
+#: Exercise 2.2: the first line when every row of an output leaf's Jacobian is the sum
+#: of its rows (one transpose per output leaf, with a cotangent of ones).
+SUMMED_ROWS_MESSAGE = (
+    "a cotangent of ones gives the sum of the rows: transposing once per output leaf "
+    "with ones_like(leaf) pulls back the sum of the leaf's entries, not each one; "
+    "transpose once per output entry, with a one-hot cotangent (1 at that entry, 0 "
+    "elsewhere)"
+)
+#: Exercise 2.2: the same when one transpose pulled back ones for every output at once.
+SUMMED_OUTPUTS_MESSAGE = (
+    "a cotangent of ones gives the sum of the rows: one transpose with ones for every "
+    "output at once pulls back the gradient of the sum of all outputs; transpose once "
+    "per output entry, with a one-hot cotangent (1 at that entry, 0 elsewhere)"
+)
+
+
+def _summed_rows_message(
+    f: Callable[..., PyTree], params: PyTree, got: PyTree, want: PyTree
+) -> str | None:
+    """:data:`SUMMED_ROWS_MESSAGE` when each output leaf's part of ``got`` is the sum
+    of ``want``'s rows over that leaf's entries (shaped as a parameter, or that sum
+    repeated in every row), :data:`SUMMED_OUTPUTS_MESSAGE` when every output's part is
+    the sum over all outputs' entries, else None. Not a verdict (the answer has failed
+    already): it names the slip. Close means within ``JACREV_RTOL`` times the sum over
+    the rows of the magnitudes ``S`` (:func:`_jacrev_scale`) and of the reference's
+    entries: a correct row errs by <= 92 u S (see ``JACREV_RTOL``), and a sum of rows
+    computed in one pull-back adds one rounding per entry summed, <= u sum |row|."""
+    out = jax.eval_shape(f, params)
+    out_def = jax.tree.structure(out)
+    shapes = [tuple(o.shape) for o in jax.tree.leaves(out)]
+    if all(math.prod(s) == 1 for s in shapes):
+        return None  # a sum of one row is the row
+    try:
+        mine = out_def.flatten_up_to(got)
+        ref = out_def.flatten_up_to(want)
+        scale = out_def.flatten_up_to(_jacrev_scale(f, params))
+        leaves = [
+            [
+                (
+                    np.asarray(g, np.float64),
+                    np.asarray(w, np.float64),
+                    np.asarray(c, np.float64),
+                )
+                for g, w, c in zip(
+                    jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(sc)
+                )
+            ]
+            for a, b, sc in zip(mine, ref, scale)
+        ]
+    except (TypeError, ValueError):
+        return None  # another structure: tree_mismatches has named it
+    if any(
+        len(jax.tree.leaves(a)) != len(jax.tree.leaves(b)) for a, b in zip(mine, ref)
+    ):
+        return None
+
+    def row_sums(k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Output leaf k's rows summed, per parameter leaf: (sum, its tolerance)."""
+        axes = tuple(range(len(shapes[k])))
+        return [
+            (
+                w.sum(axes),
+                JACREV_RTOL
+                * (np.broadcast_to(c, w.shape).sum(axes) + np.abs(w).sum(axes)),
+            )
+            for _, w, c in leaves[k]
+        ]
+
+    def is_sum(k: int, sums: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+        """Whether every row of output leaf k's part of ``got`` is ``sums``."""
+        for (g, _, _), (total, tol) in zip(leaves[k], sums):
+            if g.shape not in (total.shape, shapes[k] + total.shape):
+                return False
+            if not np.all(np.abs(g - total) <= tol):
+                return False
+        return True
+
+    sums = [row_sums(k) for k in range(len(shapes))]
+    if all(is_sum(k, sums[k]) for k in range(len(shapes))):
+        return SUMMED_ROWS_MESSAGE
+    everything = [
+        (
+            np.sum([s[j][0] for s in sums], axis=0),
+            np.sum([s[j][1] for s in sums], axis=0),
+        )
+        for j in range(len(sums[0]))
+    ]
+    if len(shapes) > 1 and all(is_sum(k, everything) for k in range(len(shapes))):
+        return SUMMED_OUTPUTS_MESSAGE
+    return None
+
+
 @ex.timed_check(
     "Exercise 2.2, the Jacobian of a pytree-valued function", ex.CHECK_LIMIT
 )
@@ -849,8 +943,11 @@ def check_rebuilt_jacrev(
                     allow_python_scalars=False,
                 )
         if found:
+            summed = _summed_rows_message(f, params, got, want)
+            if summed:
+                problems.append(summed)
             problems += found
-            if any("has shape" in m for m in found):
+            if not summed and any("has shape" in m for m in found):
                 problems.append(
                     "an output leaf of shape s needs one transpose per entry, and its "
                     "Jacobian leaves have shape s + param.shape: a cotangent of "
@@ -896,6 +993,7 @@ def _normalise(value: Any) -> str | None:
     return None
 
 
+@ex.timed_check("Exercise 2.3, the cheaper Jacobian", ex.TIME_LIMIT)
 def check_jacobian_strategy(prediction: Any, *, strict: bool = False) -> ex.Feedback:
     """Exercise 2.3: ``"jacfwd"`` or ``"jacrev"`` per case of :func:`strategy_cases`.
 
@@ -903,7 +1001,9 @@ def check_jacobian_strategy(prediction: Any, *, strict: bool = False) -> ex.Feed
     :func:`strategy_cases`, or a function returning either. Answers are normalised
     (``" JacRev "`` and ``"jax.jacrev"`` count as ``"jacrev"``). Graded on the cost
     model only: ``jacfwd`` runs one JVP per input number, ``jacrev`` one VJP per
-    output number; the cheaper has at least 5x fewer passes in every case.
+    output number; the cheaper has at least 5x fewer passes in every case. A function
+    is called under :func:`~beyondgrad.exercises.timed_check` (``TIME_LIMIT`` s): an
+    endless loop in it, compiled or not, is answered, not waited for.
     """
     name = "Exercise 2.3, the cheaper Jacobian"
     cases = strategy_cases()

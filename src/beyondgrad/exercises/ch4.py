@@ -150,6 +150,7 @@ def _as_axes(value: Any) -> frozenset[str] | str:
     return f"give a set of mesh axis names such as {{'data'}} or set(), got {value!r}"
 
 
+@exercises.timed_check("Exercise 4.1 (predict the varying axes)", exercises.TIME_LIMIT)
 def check_predict_vma(answers: Any, *, strict: bool = False) -> exercises.Feedback:
     """Compare predicted varying axes (``{expression: set of axes}``, or a function
     returning that dict) with what :func:`sharding.explain_vma` reports for each
@@ -157,7 +158,9 @@ def check_predict_vma(answers: Any, *, strict: bool = False) -> exercises.Feedba
 
     A prediction may be a set, list or tuple of axis names, one name as a string, or
     ``set()`` / ``None`` / ``"{}"`` for invariant; names are compared stripped and
-    lower-cased.
+    lower-cased. A function is called under
+    :func:`~beyondgrad.exercises.timed_check` (``TIME_LIMIT`` s): an endless loop in
+    it, compiled or not, is answered, not waited for.
     """
     name = "Exercise 4.1 (predict the varying axes)"
     answers, early = exercises.given_answer(
