@@ -109,3 +109,14 @@ def test_a_partial_rerun_replaces_only_its_entries_and_is_marked(tmp_path, monke
     assert "`-k 6_1`, 5 draws: 1 passed †" in page and "on commit `def5678`" in page
     with pytest.raises(SystemExit, match="environment changed"):
         matrix.merge(where, {**point["versions"], "jax": "0.10.1"}, [], None)
+
+
+def test_a_rerun_cell_keeps_the_counts_and_drops_time_and_deselected():
+    """The rerun row must fit the page at 1280 px (the browser check): pytest's
+    summary keeps its pass/fail counts, not its deselected count or its time."""
+    assert matrix._counts("2 passed, 13 deselected in 62.82s (0:01:02)") == "2 passed"
+    assert (
+        matrix._counts("1 failed, 13 passed, 1 deselected in 119.07s (0:01:59)")
+        == "1 failed, 13 passed"
+    )
+    assert matrix._counts("1 passed") == "1 passed"
