@@ -418,16 +418,25 @@ def render(record: dict) -> str:
             + " | ".join(cells)
             + " |"
         )
+    # the reruns' selections are long: the table says how many and whether they
+    # passed, the list under it what each one was (a table cell of them scrolled
+    # sideways at 1280 px)
+    rerun_lines: list[str] = []
     if any(p.get("checker_reruns") for p in points):
-        cells = [
-            "; ".join(
-                f"{'✓' if r['returncode'] == 0 else '✗'} `-k {r['select']}`, "
-                f"{r['draws']} draws: {_counts(r['summary'])} †"
-                for r in p.get("checker_reruns", [])
-            )
-            or "–"
-            for p in points
-        ]
+        cells = []
+        for p in points:
+            done = p.get("checker_reruns", [])
+            ok = all(r["returncode"] == 0 for r in done)
+            cells.append(f"{'✓' if ok else '✗'} {len(done)} †" if done else "–")
+            if done:
+                rerun_lines.append(
+                    f"- {p['point']}: "
+                    + "; ".join(
+                        f"{'✓' if r['returncode'] == 0 else '✗'} `-k {r['select']}`, "
+                        f"{r['draws']} draws: {_counts(r['summary'])} †"
+                        for r in done
+                    )
+                )
         rows.append("| checkers rerun after a change | " + " | ".join(cells) + " |")
     reruns = sorted(
         {
@@ -462,6 +471,7 @@ def render(record: dict) -> str:
         "",
         *rows,
         "",
+        *(["Checker reruns:", "", *rerun_lines, ""] if rerun_lines else []),
         *(
             [
                 "†: rerun after a change to that notebook or checker, "
