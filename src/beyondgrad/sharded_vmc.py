@@ -436,9 +436,9 @@ def natural_gradient(
 
     Raises:
         ValueError: shapes that do not match; an unknown method; ``damping`` or
-            ``tol`` not positive; ``maxiter`` not a positive int; ``tol`` or
+            ``tol`` not positive; ``maxiter`` below 1.
+        TypeError: a bad ``axis_name``; ``maxiter`` not an int; ``tol`` or
             ``maxiter`` given to another method than ``"cg"``.
-        TypeError: a bad ``axis_name``.
     """
     _check_axis_name(axis_name)
     o, e_l = _check_o_e(o, e_l)
@@ -447,17 +447,13 @@ def natural_gradient(
             f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}"
         )
     _checks.number(damping, "damping", above=0, where="natural_gradient: ")
-    if method != "cg" and (tol is not None or maxiter is not None):
-        raise ValueError(
-            f"tol and maxiter are options of method='cg' (got method={method!r}); "
-            "leave them out, or pass method='cg'"
-        )
+    for option, value in (("tol", tol), ("maxiter", maxiter)):
+        if value is not None and method != "cg":
+            _checks.ignored_option(option, value, "cg", method)
     if tol is not None:
         _checks.number(tol, "tol", above=0, where="natural_gradient: ")
-    if maxiter is not None and (
-        isinstance(maxiter, bool) or not isinstance(maxiter, int) or maxiter < 1
-    ):
-        raise ValueError(f"maxiter must be a positive int, got {maxiter!r}")
+    if maxiter is not None:
+        _checks.integer(maxiter, "maxiter", minimum=1, where="natural_gradient: ")
     local, p = o.shape
     n_all = _count(local, axis_name)
     keep = kept_walkers(o, e_l)
