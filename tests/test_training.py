@@ -1,6 +1,6 @@
 """beyondgrad.sharded_vmc.train on a system with a known exact energy (Taut's two
 electrons in a trap at omega = 1/2, E = 2 Ha: beyondgrad.vmc_problems), the same run
-on 1 and 8 devices, the width adaptation, the keys of each step and bad input."""
+on 1, 2, 4 and 8 devices, the width adaptation, the keys of each step and bad input."""
 
 from __future__ import annotations
 
@@ -113,8 +113,9 @@ def test_training_reaches_the_exact_energy():
     assert abs(a - 0.25) < 0.02 and abs(b - 0.5) < 0.05, (a, b)
 
 
-def test_trajectory_is_the_same_on_1_and_8_devices():
-    """Same key: the same walkers, acceptances and widths bit for bit (the draws are
+@pytest.mark.parametrize("devices", [2, 4, 8])
+def test_trajectory_is_the_same_on_every_device_count(devices):
+    """Same key, 1 device or ``devices``: the same walkers, acceptances and widths bit for bit (the draws are
     per walker, the acceptance an exact count), and energies and parameters that
     differ by rounding only. The bound: each step's update differs by the order of
     its sums, at most 100 cond(S + lambda I) eps relative (as in test_sharded_vmc);
@@ -123,18 +124,18 @@ def test_trajectory_is_the_same_on_1_and_8_devices():
     step, 6.6e-11 in 60 steps. The energy is a sum of N = 256 local energies of the
     same walkers in another order (N eps relative) whose theta-derivative is below 10
     at |r| < 10: 2 N eps + 10 x 6.6e-11 = 6.6e-10. Measured: 2.2e-16 (one ulp)."""
-    one, eight = _trained(1), _trained(8)
-    assert np.array_equal(one[1], eight[1])
-    assert np.array_equal(one[2].acceptance, eight[2].acceptance)
-    assert np.array_equal(one[2].width, eight[2].width)
-    assert np.array_equal(one[2].dropped, eight[2].dropped)
+    one, many = _trained(1), _trained(devices)
+    assert np.array_equal(one[1], many[1])
+    assert np.array_equal(one[2].acceptance, many[2].acceptance)
+    assert np.array_equal(one[2].width, many[2].width)
+    assert np.array_equal(one[2].dropped, many[2].dropped)
     theta_tol = RUN["steps"] * RUN["learning_rate"] * 100 * 1e3 * EPS
     for k in ("a", "b"):
-        assert abs(float(one[0][k] - eight[0][k])) < theta_tol
+        assert abs(float(one[0][k] - many[0][k])) < theta_tol
     tol = 2 * WALKERS * EPS + 10 * theta_tol
-    assert np.max(np.abs(one[2].energy / eight[2].energy - 1)) < tol
+    assert np.max(np.abs(one[2].energy / many[2].energy - 1)) < tol
     # the variance: the same sums of squares, of size <= 1
-    assert np.max(np.abs(one[2].variance - eight[2].variance)) < tol
+    assert np.max(np.abs(one[2].variance - many[2].variance)) < tol
 
 
 @pytest.mark.parametrize("method", ["minsr", "srt", "cg"])
