@@ -38,6 +38,7 @@ CHAPTER_MODULES = {
     "01_tracers": "tracers",
     "02_linearize_transpose": "linear",
     "03_implicit_diff": "implicit",
+    "03b_solvers_costs": "implicit",
     "04_shard_map_vma": "sharding",  # its checkers: beyondgrad.exercises.ch4
     "05_laplacians": "laplacian",
 }
@@ -777,10 +778,11 @@ def test_every_checker_the_guide_names_exists_and_its_chapter_uses_it():
     """Each chapter section names its checkers; they live in beyondgrad.exercises.chN,
     the chapter calls each one, and the guide names every checker the module exports."""
     text = GUIDE.read_text()
-    stems = sorted(p.stem for p in book.CHAPTERS.glob("0[1-9]_*.md"))
-    assert stems, "no chapters"
-    for stem in stems:
-        n = int(stem[:2])
+    pages: dict[int, list[str]] = {}  # a chapter may span pages (3: 03, 03b)
+    for p in sorted(book.CHAPTERS.glob("0[1-9]*_*.md")):
+        pages.setdefault(int(p.stem[:2]), []).append(p.stem)
+    assert pages, "no chapters"
+    for n, stems in pages.items():
         section = re.search(
             rf"^### Chapter {n}\b.*?(?=^### |^## |\Z)", text, re.M | re.S
         )
@@ -791,10 +793,10 @@ def test_every_checker_the_guide_names_exists_and_its_chapter_uses_it():
         assert named == exported, (
             f"Chapter {n}: guide names {sorted(named)}, module has {sorted(exported)}"
         )
-        chapter = (book.CHAPTERS / f"{stem}.md").read_text()
+        chapter = "".join((book.CHAPTERS / f"{stem}.md").read_text() for stem in stems)
         for func in named:
             assert re.search(rf"\b\w+\.{func}\(", chapter), (
-                f"{stem}.md does not call {func}"
+                f"{' + '.join(stems)} do not call {func}"
             )
 
 
@@ -853,7 +855,10 @@ def test_chapter3_checkers_the_guide_names_exist_and_the_chapter_calls_them():
     section = GUIDE.read_text().split("### Chapter 3")[1].split("### Chapter 4")[0]
     named = sorted(set(re.findall(r"`ch3\.(check_\w+)`", section)))
     assert len(named) == 3, named
-    chapter = (book.CHAPTERS / "03_implicit_diff.md").read_text()
+    chapter = "".join(
+        (book.CHAPTERS / name).read_text()
+        for name in ("03_implicit_diff.md", "03b_solvers_costs.md")
+    )
     for func in named:
         assert callable(getattr(ch3_checks, func, None)), f"exercises.ch3 has no {func}"
         assert re.search(rf"\bchecks\.{func}\(", chapter), (
@@ -990,6 +995,20 @@ def _minutes(pattern: str, text: str) -> list[int]:
     return [int(m) for m in re.findall(pattern, text)]
 
 
+def _pages(n: int) -> list:
+    """The pages of chapter ``n`` in reading order (chapter 3 spans 03 and 03b)."""
+    return sorted(book.CHAPTERS.glob(f"0{n}*_*.md"))
+
+
+def _chapter_text(n: int) -> str:
+    return "".join(page.read_text() for page in _pages(n))
+
+
+def _exercise_statements(n: int) -> str:
+    """The ``## Exercises`` sections of chapter ``n``'s pages, in reading order."""
+    return "".join(page.read_text().split("## Exercises")[-1] for page in _pages(n))
+
+
 def _chapter_sections(text: str) -> dict[int, str]:
     return {
         int(m.group(1)): m.group(0)
@@ -1038,9 +1057,7 @@ def test_workshop_timings_add_up():
         assert sum(_minutes(r"\((\d+) min", listed)) == exercises, (
             f"Chapter {n}: the exercises listed do not sum to {exercises} min"
         )
-        source = next(book.CHAPTERS.glob(f"0{n}_*.md")).read_text()
-        statements = source.split("## Exercises")[-1]
-        stated = sum(_minutes(r"\((?:about )?(\d+) minutes", statements))
+        stated = sum(_minutes(r"\((?:about )?(\d+) minutes", _exercise_statements(n)))
         assert stated == exercises, (
             f"Chapter {n}: the statements sum to {stated} min, the guide {exercises}"
         )
@@ -1099,10 +1116,7 @@ def test_three_hour_plan_adds_up():
         )
         named = re.findall(rf"\b{n}\.(\d) \((\d+)\)", ex)
         assert named, f"Chapter {n}: no exercises in {ex!r}"
-        source = next(book.CHAPTERS.glob(f"0{n}_*.md")).read_text()
-        stated = _minutes(
-            r"\((?:about )?(\d+) minutes", source.split("## Exercises")[-1]
-        )
+        stated = _minutes(r"\((?:about )?(\d+) minutes", _exercise_statements(n))
         for k, minutes in named:
             assert stated[int(k) - 1] == int(minutes), (
                 f"exercise {n}.{k}: the plan gives {minutes} min, its statement "
@@ -1125,7 +1139,7 @@ def test_every_error_the_guide_names_is_on_its_chapter_page():
         # Chapter 0 describes install failures that its page cannot show
         if n == 0:
             continue
-        source = next(book.CHAPTERS.glob(f"0{n}_*.md")).read_text()
+        source = _chapter_text(n)
         for name in sorted(set(re.findall(r"\b([A-Z]\w*Error)\b", section))):
             assert name in source or name in quoted, (
                 f"the guide's Chapter {n} names {name}, which chapter {n} never shows"

@@ -45,6 +45,7 @@ class Probe:
 CH1 = "chapters/01_tracers"
 CH2 = "chapters/02_linearize_transpose"
 CH3 = "chapters/03_implicit_diff"
+CH3B = "chapters/03b_solvers_costs"
 CH4 = "chapters/04_shard_map_vma"
 CH5 = "chapters/05_laplacians"
 APPENDIX = "appendix_jax_bugs"
@@ -594,7 +595,7 @@ def seed002_custom_root_closure_jit() -> str:
 
 
 @_probe(
-    CH3,
+    CH3B,
     "Diagnostics through `has_aux`",
     "an int32 aux output of custom_root(has_aux=True) under jvp and grad",
 )
@@ -621,7 +622,7 @@ def custom_root_int_aux() -> str:
 
 
 @_probe(
-    CH3,
+    CH3B,
     "Aside: `tangent_solve` even when nothing is differentiated",
     "custom_root with tangent_solve=None, called without any differentiation",
 )
@@ -639,7 +640,7 @@ def seed002_custom_root_tangent_solve_none() -> str:
 
 
 @_probe(
-    CH3,
+    CH3B,
     "A deep-equilibrium layer",
     "jax_threefry_partitionable's default, the context manager, and a key's draws",
 )
