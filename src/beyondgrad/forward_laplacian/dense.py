@@ -307,10 +307,63 @@ def scatter(eqn: Any, ins: list) -> list:
             "x.at[i].set(fn(x[i])) instead"
         )
     if not eqn.params.get("unique_indices", False):
-        return apply_generic(eqn, ins)
+        return apply_generic(eqn, clamped_indices(eqn, ins))
     if not set(dep(ins)) <= {0, 2}:
-        return apply_generic(eqn, ins)
+        return apply_generic(eqn, clamped_indices(eqn, ins))
     return linear_rule(functools.partial(bind, eqn), ins, (0, 2))
+
+
+def scatter_extremum(eqn: Any, ins: list) -> list:
+    """``scatter-min``/``scatter-max`` (``x.at[i].min(y)``): the generic rule (JAX's
+    own JVP, which weighs tied slots equally), on indices clamped into range first
+    when the mode is ``CLIP`` (:func:`clamped_indices`).
+
+    Args:
+        eqn: the ``scatter-min`` or ``scatter-max`` equation.
+        ins: its operand, indices and updates.
+
+    Returns:
+        ``[Jet]`` of the result.
+    """
+    return apply_generic(eqn, clamped_indices(eqn, ins))
+
+
+def clamped_indices(eqn: Any, ins: list) -> list:
+    """A scatter's operands with ``CLIP``-mode indices clamped into range.
+
+    ``CLIP`` means each index vector is clamped to ``[0, shape - window]`` along the
+    operand dimensions it addresses, so the clamped indices give the same scatter.
+    JAX's own JVPs of ``scatter`` with repeated indices and of
+    ``scatter-min``/``scatter-max`` up to 0.10 gather at the indices without the
+    mode, so an out-of-range index reads a NaN fill there; clamping first keeps
+    their derivatives exact. Other modes are returned unchanged.
+
+    Args:
+        eqn: a scatter equation (params ``mode`` and ``dimension_numbers``).
+        ins: its operand, indices and updates (the indices are never a Jet).
+
+    Returns:
+        ``ins``, with the indices clamped when the mode is ``CLIP``.
+    """
+    if eqn.params.get("mode") != jax.lax.GatherScatterMode.CLIP:
+        return ins
+    operand, indices, updates = (val(x) for x in ins[:3])
+    dims = eqn.params["dimension_numbers"]
+    unit = set(dims.inserted_window_dims) | set(
+        getattr(dims, "operand_batching_dims", ())
+    )
+    window, pos = [], 0
+    for axis in range(jnp.ndim(operand)):
+        if axis in unit:
+            window.append(1)
+        else:
+            window.append(jnp.shape(updates)[dims.update_window_dims[pos]])
+            pos += 1
+    upper = [
+        jnp.shape(operand)[a] - window[a] for a in dims.scatter_dims_to_operand_dims
+    ]
+    clamped = jnp.clip(indices, 0, jnp.asarray(upper, jnp.result_type(indices)))
+    return [ins[0], clamped, *ins[2:]]
 
 
 def across_devices(eqn: Any, ins: list) -> list:

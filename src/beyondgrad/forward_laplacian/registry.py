@@ -165,6 +165,13 @@ RULES: dict[Primitive, Rule] = {
         "linear in operand and updates for unique indices; generic for repeated "
         "ones; an update function raises",
     ),
+    **dict.fromkeys(
+        (lax.scatter_max_p, lax.scatter_min_p),
+        custom(
+            dense.scatter_extremum,
+            "generic (JAX's JVP), CLIP-mode indices clamped first",
+        ),
+    ),
     lax.gather_p: custom(
         dense.gather, "linear in the operand; filled slots have tangent 0"
     ),
@@ -244,8 +251,6 @@ FALLBACK: frozenset[Primitive] = frozenset(
         lax.cumlogsumexp_p,
         lax.sort_p,
         lax.scatter_mul_p,
-        lax.scatter_max_p,
-        lax.scatter_min_p,
         lax.reduce_window_max_p,
         lax.reduce_window_min_p,
         lax.igamma_p,
