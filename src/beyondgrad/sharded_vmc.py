@@ -872,7 +872,14 @@ def train(
        acceptance of a Gaussian proposal falls as :math:`\sigma` grows, so the
        width settles where the acceptance is :math:`a^*`; :math:`\gamma = 0` keeps
        it fixed. The acceptance is the exact count divided once by
-       ``sweeps`` :math:`\cdot N`, the same on any number of devices.
+       ``sweeps`` :math:`\cdot N`, the same on any number of devices: the count is
+       recovered by rounding the mean of the devices' rates times the number of
+       moves, exact while that product's rounding error stays below 1/2. In
+       float64 that holds for any practical run; in float32 while
+       ``sweeps`` :math:`\cdot N \cdot D` (:math:`D` devices) is below about
+       :math:`10^7` (each of the :math:`D` rates and their sum rounds to
+       :math:`2^{-24}` relative; a NumPy model of the sum first misses the count
+       near :math:`10^8`).
 
     The ``steps`` steps run as one compiled program (a ``lax.scan``; with ``mesh``,
     inside ``jax.shard_map`` with the walkers split over ``axis_name`` and
