@@ -730,6 +730,16 @@ def test_finite_grad_names_numpy_on_a_tracer_first(answer):
     ), str(fb)
 
 
+def test_finite_grad_names_a_python_if_on_a_tracer_first():
+    fb = ch1.check_finite_grad(lambda x: jnp.exp(-1.0 / x) if x > 0 else 0.0)
+    _assert_rejected(fb)
+    first, *rest = fb.messages[0].split("\n")
+    assert first == exercises.PYTHON_BOOL_ON_TRACER, str(fb)
+    assert rest and rest[0].lstrip().startswith(
+        "vmap(bump_safe) raised TracerBoolConversionError"
+    ), str(fb)
+
+
 def test_fix_jit_names_numpy_on_a_tracer_first():
     fb = ch1.check_fix_jit(lambda x, n, m: np.sin(x), seed=0)
     _assert_rejected(fb)
@@ -765,3 +775,16 @@ def test_call_answer_names_numpy_on_a_tracer_only_for_that_error():
     assert plain.startswith("your function raised ValueError"), plain
     traced = exercises.failed(exercises.call_answer(jax.jit(np.asarray), jnp.ones(2)))
     assert traced.startswith(exercises.NUMPY_ON_TRACER + "\n    your function raised")
+    branched = exercises.failed(
+        exercises.call_answer(jax.jit(lambda x: x if x > 0 else -x), 1.0)
+    )
+    assert branched.startswith(
+        exercises.PYTHON_BOOL_ON_TRACER + "\n    your function raised"
+    ), branched
+
+    def says_bool(x):
+        raise ValueError("TracerBoolConversionError in a message of my own")
+
+    assert exercises.failed(exercises.call_answer(says_bool, 1.0)).startswith(
+        "your function raised ValueError"
+    )

@@ -418,6 +418,7 @@ MISTAKES = [
     Mistake(
         "ch1-python-if",
         lambda: ex1.check_finite_grad(lambda x: jnp.exp(-1.0 / x) if x > 0 else 0.0),
+        exercises.PYTHON_BOOL_ON_TRACER,
         "vmap(bump_safe) raised TracerBoolConversionError",
     ),
     Mistake(

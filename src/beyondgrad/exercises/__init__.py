@@ -7,7 +7,8 @@ from the pieces here:
   (the stub a student starts from) becomes :data:`NOT_ATTEMPTED`; any other exception
   becomes a verdict that keeps the whole (trimmed) message, so JAX's own hints survive,
   after a first line naming the slip where the exception's type tells it (NumPy
-  applied to a tracer: :data:`NUMPY_ON_TRACER`); a value passed where a function is
+  applied to a tracer: :data:`NUMPY_ON_TRACER`; a Python ``if`` on one:
+  :data:`PYTHON_BOOL_ON_TRACER`); a value passed where a function is
   expected is named as such.
 * :func:`tree_mismatches` compares two pytrees of arrays and says, in words, what
   differs: structure, a Python scalar where an array was expected, shape, dtype,
@@ -64,6 +65,7 @@ __all__ = [
     "F64_UNIT_ROUNDOFF",
     "NOT_ATTEMPTED",
     "NUMPY_ON_TRACER",
+    "PYTHON_BOOL_ON_TRACER",
     "CHECK_LIMIT",
     "TIME_LIMIT",
     "ExerciseFailed",
@@ -361,12 +363,25 @@ NUMPY_ON_TRACER = (
 )
 
 
+#: The first line of a failure whose exception is JAX's
+#: ``TracerBoolConversionError`` (:func:`_named_slip`).
+PYTHON_BOOL_ON_TRACER = (
+    "your code asked Python for the truth of a traced value (an if, while, and, or, "
+    "not or assert on the input or a value computed from it): under jit, vmap, grad "
+    "and shard_map the input is a tracer, which has no True or False; choose with "
+    "jnp.where or lax.cond, loop with lax.while_loop, JAX's error below"
+)
+
+
 def _named_slip(error: Exception) -> str | None:
     """The student's slip in plain words, for an exception whose cause is known from
     its type alone (the checker's :func:`call_answer` puts it before JAX's text); None
-    otherwise. Today: NumPy applied to a tracer (:data:`NUMPY_ON_TRACER`)."""
+    otherwise. Today: NumPy applied to a tracer (:data:`NUMPY_ON_TRACER`) and a
+    Python truth test of a tracer (:data:`PYTHON_BOOL_ON_TRACER`)."""
     if isinstance(error, jax.errors.TracerArrayConversionError):
         return NUMPY_ON_TRACER
+    if isinstance(error, jax.errors.TracerBoolConversionError):
+        return PYTHON_BOOL_ON_TRACER
     return None
 
 
