@@ -349,9 +349,7 @@ def clamped_indices(eqn: Any, ins: list) -> list:
         return ins
     operand, indices, updates = (val(x) for x in ins[:3])
     dims = eqn.params["dimension_numbers"]
-    unit = set(dims.inserted_window_dims) | set(
-        getattr(dims, "operand_batching_dims", ())
-    )
+    unit = set(dims.inserted_window_dims) | set(dims.operand_batching_dims)
     window, pos = [], 0
     for axis in range(jnp.ndim(operand)):
         if axis in unit:
