@@ -117,8 +117,7 @@ def test_training_reaches_the_exact_energy():
 def test_trajectory_is_the_same_on_every_device_count(devices):
     """Same key, 1 device or ``devices``: the same walkers, acceptances and widths
     bit for bit (the draws are per walker, the acceptance an exact count), and
-    energies and parameters that
-    differ by rounding only. The bound: each step's update differs by the order of
+    energies and parameters that differ by rounding only. The bound: each step's update differs by the order of
     its sums, at most 100 cond(S + lambda I) eps relative (as in test_sharded_vmc);
     cond <= (1 + 1e-3) / 1e-3 ~ 1e3 (O's variance is O(1) here, lambda = 1e-3) and
     |delta| <= 1, so theta moves apart by at most lr x 100 x 1e3 x eps = 1.1e-12 a
