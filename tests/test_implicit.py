@@ -1322,3 +1322,30 @@ def test_anderson_residual_does_not_underflow_in_float32():
     np.testing.assert_allclose(np.asarray(x32), np.asarray(x64), rtol=1e-6)
     # float64 against the closed form: the same bound, |x - 2e-20| <= 2 * 1e-27
     np.testing.assert_allclose(np.asarray(x64), 2e-20, rtol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["cg", "bicgstab", "gmres"])
+def test_jax_krylov_solver_called_directly_in_a_tangent_solve_does_not_transpose(name):
+    """Chapter 3b's claim: JAX's cg, bicgstab (both through ``_isolve``) and gmres,
+    called directly as custom_root's tangent_solve, differentiate in forward mode
+    (the closed form: d(sum A^{-1} t)/dt . 1 = 1^T A^{-1} 1 = 0.6 here) and raise
+    NotImplementedError when reverse mode transposes them."""
+    from jax.scipy.sparse import linalg as sparse_linalg
+
+    krylov = getattr(sparse_linalg, name)
+    a = jnp.array([[3.0, 1.0], [1.0, 2.0]])
+
+    def root_sum(t):
+        return lax.custom_root(
+            lambda x: a @ x - t,
+            jnp.zeros(2),
+            lambda f, x0: jnp.linalg.solve(a, t),
+            lambda g, y: krylov(g, y)[0],
+        ).sum()
+
+    ones = jnp.ones(2)
+    _, tangent = jax.jvp(root_sum, (ones,), (ones,))
+    # 1^T A^{-1} 1 = (2 - 1 - 1 + 3) / (3 * 2 - 1) = 0.6; float32 solve, ~1e-6
+    assert abs(float(tangent) - 0.6) < 1e-5
+    with pytest.raises(NotImplementedError):
+        jax.grad(root_sum)(ones)
