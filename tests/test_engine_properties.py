@@ -358,13 +358,23 @@ class _Builder:
     def dot(self):
         a = self.pick()
         shape = self.shapes[a]
-        if self.rng.integers(2):
+        form = int(self.rng.integers(3))
+        if form == 0:
             w = jnp.asarray(self.rng.normal(size=(shape[-1], 3)))
             self.add("dot_general", lambda x: x @ w, a)
-        else:
-            same = [k for k, s in enumerate(self.shapes) if s == shape]
-            b = int(self.rng.choice(same))
+            return
+        same = [k for k, s in enumerate(self.shapes) if s == shape]
+        b = int(self.rng.choice(same))
+        if form == 1 or len(shape) < 2:
             self.add("dot_general", lambda x, y: jnp.tensordot(x, y, axes=x.ndim), a, b)
+        else:  # both on r, over the last axis (attention logits x @ y.T)
+            last = len(shape) - 1
+            self.add(
+                "dot_general",
+                lambda x, y: jnp.tensordot(x, y, axes=[[last], [last]]),
+                a,
+                b,
+            )
 
     def gather(self):
         a = self.pick()

@@ -108,6 +108,28 @@ def products(v):
     return jnp.sum(jnp.sin(a)) + jnp.sum(b**2) + jnp.sum(jnp.cos(c))
 
 
+def attention(v):
+    """dot_general with both operands on r: attention logits ``q @ k.T`` (owners i
+    and j, meeting on the diagonal), the same batched over heads, a self-product
+    ``r @ r.T``, a complex product, and logits contracted with a per-particle value
+    (``softmax(s) @ v``, where the sum over keys mixes particles: dense)."""
+    r = v.reshape(N, 3)
+    q, k = jnp.tanh(r @ W[:3]), jnp.sin(r**2 @ W[1:])  # (N, 5), owner i
+    s = q @ k.T
+    heads = jnp.stack([q, 2.0 * k])  # (2, N, 5)
+    sh = jnp.einsum("hif,hjf->hij", heads, jnp.cos(heads))
+    gram = r @ r.T
+    z = jnp.exp(1j * q) @ (1j * k).T
+    out = jax.nn.softmax(s, axis=-1) @ k
+    return (
+        jnp.sum(jnp.sin(s))
+        + jnp.sum(sh**2)
+        + jnp.sum(jnp.exp(-gram / 4))
+        + jnp.real(jnp.sum(z * z))
+        + jnp.sum(jnp.tanh(out))
+    )
+
+
 def tangled(v):
     """A term whose owner follows no single axis (the concatenation of a value with
     owners along axis 0 and one with owners along axis 1), summed either way."""
@@ -144,6 +166,7 @@ CASES = [
     pooled,
     mixed,
     products,
+    attention,
     tangled,
     custom_and_complex,
 ]
@@ -269,6 +292,27 @@ def test_the_pair_stream_is_carried_in_particle_blocks():
     # every pair-stream array carries at most one block of rows (c = 3)
     pair = [s for s in sparse_shapes if s[-3:] == (n, n, w)]
     assert pair and max(int(np.prod(s)) for s in pair) == 3 * n * n * w
+
+
+def test_attention_logits_are_carried_in_particle_blocks():
+    """``q @ k.T`` with both operands on r keeps two particle terms of (c, n, n)
+    rows each (owner i from q, j from k): with particles, no intermediate is the
+    dense (3n, n, n) Jacobian of the logits, which the dense engine builds."""
+    n = 8
+    with jax.enable_x64(True):
+        x = _points(n, 1)[0]
+        w = jnp.linspace(-1.0, 1.0, 15).reshape(3, 5)
+
+        def f(v):
+            r = v.reshape(n, 3)
+            return jnp.sum(jnp.sin(jnp.tanh(r @ w) @ jnp.cos(r @ w).T))
+
+        dense = jax.make_jaxpr(lambda v: fl.forward_jet(f, v))(x).jaxpr
+        sparse = jax.make_jaxpr(lambda v: fl.forward_jet(f, v, particles=n))(x).jaxpr
+        assert (3 * n, n, n) in set(_shapes(dense))
+        assert (3 * n, n, n) not in set(_shapes(sparse))
+        assert (3, n, n) in set(_shapes(sparse))
+        _check(f, x[None], (n,))
 
 
 def test_sparsity_cuts_compiled_flops_and_temporaries():

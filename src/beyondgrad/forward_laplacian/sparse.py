@@ -222,25 +222,12 @@ def reduce_sum(eqn: Any, ins: list) -> list | None:
     return [Jet(value, dense, lap)]
 
 
-def dot_general(eqn: Any, ins: list) -> list | None:
-    """``dot_general`` with one operand depending on r, contracting axes along which
-    its owners are constant (``h @ W`` over features): linear, each term's data
-    through the same product, its owners placed at the result's axes (batch axes,
-    then the free axes of the left operand, then those of the right).
-
-    Args:
-        eqn: the ``dot_general`` equation (``eqn.params`` read).
-        ins: one entry per operand, a ``SparseJet`` where it depends on ``r``.
-
-    Returns:
-        One entry per result, or ``None`` for a case not covered (the rule's
-        dense form then runs on dense jets).
-    """
-    on_r = dep(ins)
-    if len(on_r) != 1:
-        return None
-    (k,) = on_r
-    x, other = ins[k], ins[1 - k]
+def _placed_terms(eqn: Any, ins: list, k: int) -> list[Term] | None:
+    """Operand ``k``'s terms carried through ``dot_general`` with the other operand's
+    value: each term's data through the same product, its owners placed at the
+    result's axes (batch axes, then the free axes of the left operand, then those of
+    the right); ``None`` if an owner varies along a contracted axis."""
+    x, other = ins[k], val(ins[1 - k])
     (contract_l, contract_r), (batch_l, batch_r) = eqn.params["dimension_numbers"]
     contract, batch = (contract_l, batch_l) if k == 0 else (contract_r, batch_r)
     other_free = jnp.ndim(other) - len(contract_l) - len(batch_l)
@@ -264,8 +251,58 @@ def dot_general(eqn: Any, ins: list) -> list | None:
                 moved.shape[:nb] + (1,) * other_free + moved.shape[nb:]
             )
         terms.append(Term(np.broadcast_to(placed, shape), jax.vmap(f)(data)))
-    lap = None if x.lap is None else f(x.lap)
-    return [SparseJet(f(x.val), sp.merge(terms), lap, x.particles)]
+    return terms
+
+
+def dot_general(eqn: Any, ins: list) -> list | None:
+    """``dot_general`` contracting axes along which every operand's owners are
+    constant (``h @ W`` over features; attention logits ``q @ k.T`` over features,
+    both operands depending on r). Each operand's terms go through the same product
+    with the other's value, their owners placed at the result's axes (batch axes,
+    then the free axes of the left operand, then those of the right). With both
+    operands on r, ``lap = Δa·b + a·Δb + 2 sum_q ∂_q a·∂_q b``, the last sum per pair
+    of terms: the product of their data summed over the block's coordinates, masked
+    where their placed owners coincide (the owners do not vary along the contracted
+    axes, so the mask factors out of the contraction).
+
+    Args:
+        eqn: the ``dot_general`` equation (``eqn.params`` read).
+        ins: one entry per operand, a ``SparseJet`` where it depends on ``r``.
+
+    Returns:
+        One entry per result, or ``None`` for a case not covered (the rule's
+        dense form then runs on dense jets).
+    """
+    on_r = dep(ins)
+    placed = [_placed_terms(eqn, ins, k) for k in on_r]
+    if any(t is None for t in placed):
+        return None
+    terms = [t for ts in placed for t in (ts or [])]
+    a, b = ins
+    (out,) = bind(eqn, [val(a), val(b)])
+    laps: list[jax.Array | None] = []
+    if isinstance(a, SparseJet):
+        laps.append(None if a.lap is None else bind(eqn, [a.lap, val(b)])[0])
+    if isinstance(b, SparseJet):
+        laps.append(None if b.lap is None else bind(eqn, [val(a), b.lap])[0])
+    if len(on_r) == 2:
+        if not is_float(out):
+            return None
+        cross = jnp.zeros(out.shape, out.dtype)
+        for (oa, _), (_, da) in zip(placed[0] or [], a.terms, strict=True):
+            for (ob, _), (_, db) in zip(placed[1] or [], b.terms, strict=True):
+                mask = sp.compress(np.asarray(oa == ob))
+                if not mask.any():
+                    continue
+                part = jnp.sum(
+                    jax.vmap(lambda u, v: bind(eqn, [u, v])[0])(da, db), axis=0
+                )
+                if not mask.all():
+                    part = part * mask.astype(np.dtype(part.dtype))
+                cross = cross + part
+        laps.append(2.0 * cross)
+    particles = next(x.particles for x in ins if isinstance(x, SparseJet))
+    return [SparseJet(out, sp.merge(terms), add_laps(*laps), particles)]
 
 
 def concatenate(eqn: Any, ins: list) -> list | None:
