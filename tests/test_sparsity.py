@@ -315,6 +315,36 @@ def test_attention_logits_are_carried_in_particle_blocks():
         _check(f, x[None], (n,))
 
 
+def dense_and_sparse(v):
+    """A dense operand (a mean over electrons) times and over a sparse one (pair
+    features, whose i == j diagonal has both owners equal), and a softmax over
+    keys (``e / sum(e)``: a sparse numerator over a dense sum)."""
+    r = v.reshape(N, 3)
+    pair = _pair(r)  # (N, N, 4), owners i and j
+    dense = jnp.broadcast_to(jnp.mean(jnp.sin(r), axis=0), (N, N, 3))
+    a = pair[..., :3] * dense
+    b = dense / (2.0 + pair[..., 3:])
+    c = pair[..., :3] / (1.5 + jnp.cos(dense))
+    att = jax.nn.softmax(pair[..., 3] * jnp.tanh(r[:, :1]), axis=-1)
+    return jnp.sum(jnp.sin(a)) + jnp.sum(b**2) + jnp.sum(jnp.tanh(c)) + jnp.sum(att**2)
+
+
+def test_a_dense_operand_times_a_sparse_one_reads_the_owners_only(monkeypatch):
+    """mul and div with one dense and one sparse operand go through the mixed
+    product (the cross term read at the sparse operand's owners), and match the
+    float64 Hessian trace."""
+    from beyondgrad.forward_laplacian import sparse
+
+    calls = []
+    real = sparse._mixed_product
+    monkeypatch.setattr(
+        sparse, "_mixed_product", lambda *a: calls.append(1) or real(*a)
+    )
+    with jax.enable_x64(True):
+        _check(dense_and_sparse, _points())
+    assert len(calls) >= 4  # a, b, c and the softmax's division
+
+
 def test_sparsity_cuts_compiled_flops_and_temporaries():
     """FermiNet-like at n = 16 (float32, the default sizes): the compiled forward
     Laplacian with particles needs at most 0.8 of the dense program's flops and

@@ -163,7 +163,7 @@ def broadcast(x: SparseJet, shape: tuple[int, ...]) -> SparseJet:
     return SparseJet(jnp.broadcast_to(x.val, shape), terms, lap, x.particles)
 
 
-def _block_dot(a: jax.Array, b: jax.Array) -> jax.Array:
+def block_dot(a: jax.Array, b: jax.Array) -> jax.Array:
     """``sum_k a[k] b[k]`` over the leading (coordinate) axis."""
     c = a.shape[0]
     if c > _UNROLL:
@@ -188,7 +188,7 @@ def coordinate_dot(a: SparseJet, b: SparseJet) -> jax.Array:
         mask = compress(np.asarray(oa == ob))
         if not mask.any():
             continue
-        part = _block_dot(da, db)
+        part = block_dot(da, db)
         if not mask.all():
             part = part * mask.astype(np.dtype(part.dtype))
         total = total + (weight * part if weight != 1.0 else part)

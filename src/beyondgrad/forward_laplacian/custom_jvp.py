@@ -96,9 +96,9 @@ def _lu_inverse(a: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
 def _logdet_jet(a: Jet) -> tuple[jax.Array, Jet]:
     """``sign`` and the Jet of ``log|det a|`` for a Jet of real ``(..., n, n)``."""
     sign, logdet, inv = _lu_inverse(a.val)
-    # tr(A^{-1} A_k) and, with B_k = A^{-1} A_k, sum_k tr(B_k B_k)
-    jac = jnp.einsum("...ij,k...ji->k...", inv, a.jac)
+    # with B_k = A^{-1} A_k: tr(B_k), and sum_k tr(B_k B_k)
     b = jnp.einsum("...ij,k...jl->k...il", inv, a.jac)
+    jac = jnp.trace(b, axis1=-2, axis2=-1)
     lap = -jnp.einsum("k...ij,k...ji->...", b, b)
     if a.lap is not None:
         lap = lap + jnp.einsum("...ij,...ji->...", inv, a.lap)

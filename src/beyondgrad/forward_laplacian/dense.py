@@ -169,7 +169,7 @@ def reduce_sum_rule(x: Jet, axes: tuple[int, ...]) -> list:
 # case its maths does not cover.
 
 
-def _broadcast_jet(x: Any, shape: tuple[int, ...]) -> Any:
+def broadcast_jet(x: Any, shape: tuple[int, ...]) -> Any:
     """``x`` (a Jet or a plain value) broadcast to ``shape`` (numpy rules)."""
     if not isinstance(x, Jet):
         return jnp.broadcast_to(x, shape)
@@ -202,7 +202,7 @@ def div(eqn: Any, ins: list) -> list:
     if is_complex(b.val):
         return apply_generic(eqn, ins)
     shape = jnp.broadcast_shapes(jnp.shape(val(a)), jnp.shape(b.val))
-    a, b = _broadcast_jet(a, shape), _broadcast_jet(b, shape)
+    a, b = broadcast_jet(a, shape), broadcast_jet(b, shape)
     (inv,) = unary_rule(lambda v: [1.0 / v[0]], b)
     if not isinstance(a, Jet):
         return linear_rule(lambda v: [v[0] * v[1]], [a, inv], (1,))

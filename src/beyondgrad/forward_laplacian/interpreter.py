@@ -111,7 +111,7 @@ def interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
             if any(isinstance(x, SparseJet) for x in ins):
                 if (
                     rule.sparse is not None
-                    and not any(isinstance(x, Jet) for x in ins)
+                    and (rule.mixed or not any(isinstance(x, Jet) for x in ins))
                     and all(jnp.size(val(x)) for x in ins)
                 ):
                     outs = rule.sparse(eqn, ins)

@@ -78,12 +78,17 @@ class Rule:
         detail: a human-readable description of the rule; empty by default.
         sparse: the particle-sparse form ``sparse(eqn, ins) -> outs or None``
             described above; ``None`` (the default): operands are densified.
+        mixed: whether ``sparse`` also takes dense :class:`Jet` s beside the
+            SparseJets (``mul``, ``div``, ``dot_general``: a dense result whose
+            cross term reads the dense Jacobian only at the sparse operand's
+            owners); ``False`` (the default): a dense operand densifies all.
     """
 
     kind: str
     apply: Callable[[Any, list[Any]], list[Any]]
     detail: str = ""
     sparse: Callable[[Any, list[Any]], list[Any] | None] | None = None
+    mixed: bool = False
 
     def __call__(self, eqn: Any, ins: list[Any]) -> list[Any]:
         return self.apply(eqn, ins)

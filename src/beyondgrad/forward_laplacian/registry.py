@@ -53,12 +53,16 @@ def _prims(*names: str) -> list[Primitive]:
 
 
 def _with_sparse(
-    rule: Rule, sparse_form: Callable[[Any, list[Any]], list[Any] | None]
+    rule: Rule,
+    sparse_form: Callable[[Any, list[Any]], list[Any] | None],
+    *,
+    mixed: bool = False,
 ) -> Rule:
     """``rule`` declaring that it keeps particle sparsity through ``sparse_form``
     (:func:`~beyondgrad.forward_laplacian.constructors.elementwise`,
-    ``reduction``, ``constant`` and ``call`` declare it themselves)."""
-    return dataclasses.replace(rule, sparse=sparse_form)
+    ``reduction``, ``constant`` and ``call`` declare it themselves); ``mixed``: the
+    form also takes dense Jets beside sparse ones (``Rule.mixed``)."""
+    return dataclasses.replace(rule, sparse=sparse_form, mixed=mixed)
 
 
 #: The generic rule of a primitive with no entry (:func:`rule_for`).
@@ -180,11 +184,13 @@ RULES: dict[Primitive, Rule] = {
     lax.device_put_p: linear(all_from=0),
     lax.optimization_barrier_p: linear(all_from=0),
     **dict.fromkeys(_prims("stack"), linear(all_from=0)),
-    lax.mul_p: _with_sparse(bilinear(), sparse.mul),
+    lax.mul_p: _with_sparse(bilinear(), sparse.mul, mixed=True),
     lax.dot_general_p: _with_sparse(bilinear(), sparse.dot_general),
     lax.conv_general_dilated_p: bilinear(),
     lax.div_p: _with_sparse(
-        custom(dense.div, "linear in the numerator; a * (1/b) otherwise"), sparse.div
+        custom(dense.div, "linear in the numerator; a * (1/b) otherwise"),
+        sparse.div,
+        mixed=True,
     ),
     lax.max_p: custom(dense.chooser, "the chosen operand's jet; ties weigh 1/2 each"),
     lax.min_p: custom(dense.chooser, "the chosen operand's jet; ties weigh 1/2 each"),

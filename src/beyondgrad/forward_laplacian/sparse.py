@@ -22,7 +22,7 @@ from jax import lax
 
 from beyondgrad import _sparse_jets as sp
 from beyondgrad._sparse_jets import SparseJet, Term
-from beyondgrad.forward_laplacian.dense import slopes
+from beyondgrad.forward_laplacian.dense import broadcast_jet, slopes
 from beyondgrad.forward_laplacian.jets import (
     Jet,
     add_laps,
@@ -155,8 +155,55 @@ def _product(a: Any, b: Any, out: jax.Array) -> list:
     return [SparseJet(out, sp.merge(terms), add_laps(*laps), particles)]
 
 
+def _mixed_product(a: Any, b: Any, out: jax.Array) -> list:
+    """``a * b`` elementwise with one operand a dense :class:`Jet` and the other a
+    ``SparseJet`` (both of ``out``'s shape): a dense result, whose cross term
+    ``sum_q ∂_q a ∂_q b`` reads the dense Jacobian only at the sparse operand's
+    owners (``c`` rows per element instead of ``d``)."""
+    dense_x, sparse_x = (a, b) if isinstance(a, Jet) else (b, a)
+    dv, sv = dense_x.val, sparse_x.val
+    scaled = SparseJet(
+        out,
+        tuple(Term(o, data * dv) for o, data in sparse_x.terms),
+        None,
+        sparse_x.particles,
+    )
+    jac = dense_x.jac * sv + sp.densify(scaled)
+    rows = dense_x.jac.reshape(
+        (sparse_x.particles, sparse_x.block, *dense_x.jac.shape[1:])
+    )
+    cross = jnp.zeros(out.shape, out.dtype)
+    for owner, data in sparse_x.terms:
+        index = np.broadcast_to(owner, out.shape)[None, None]
+        at_owner = jnp.take_along_axis(rows, jnp.asarray(index), axis=0)[0]
+        cross = cross + sp.block_dot(at_owner, data)
+    laps = [
+        None if dense_x.lap is None else dense_x.lap * sv,
+        None if sparse_x.lap is None else dv * sparse_x.lap,
+        2.0 * cross,
+    ]
+    return [Jet(out, jac, add_laps(*laps))]
+
+
+def _to_shape(x: Any, shape: tuple[int, ...]) -> Any:
+    """A dense or sparse jet broadcast to ``shape`` (numpy's rules)."""
+    if isinstance(x, SparseJet):
+        return sp.broadcast(x, shape)
+    return broadcast_jet(x, shape)
+
+
+def _dense_unary(apply: Callable, x: Jet) -> Jet:
+    """Elementwise ``f`` of a dense :class:`Jet` (``dense.unary_rule``'s formula)."""
+    out, d1, d2 = slopes(apply, x.val)
+    lap = d2 * jnp.sum(x.jac * x.jac, axis=0)
+    if x.lap is not None:
+        lap = lap + d1 * x.lap
+    return Jet(out, d1 * x.jac, lap)
+
+
 def mul(eqn: Any, ins: list) -> list | None:
-    """``mul``: the product rule on terms (operands broadcast to the result first).
+    """``mul``: the product rule on terms (operands broadcast to the result first);
+    with one operand a dense Jet, the mixed product (a dense result).
 
     Args:
         eqn: the ``mul`` equation (``eqn.params`` read).
@@ -168,13 +215,19 @@ def mul(eqn: Any, ins: list) -> list | None:
     """
     shape = _out_shape(eqn)
     (out,) = bind(eqn, [val(x) for x in ins])
+    if any(isinstance(x, Jet) for x in ins):  # one dense, one sparse operand
+        if is_complex(out):
+            return None
+        a, b = (_to_shape(x, shape) for x in ins)
+        return _mixed_product(a, b, out)
     a, b = (sp.broadcast(x, shape) if isinstance(x, SparseJet) else x for x in ins)
     return _product(a, b, out)
 
 
 def div(eqn: Any, ins: list) -> list | None:
     """``a / b``: linear in ``a`` (data and Laplacian divided by ``b``); a ``b`` that
-    depends on r: ``a * (1/b)``, the elementwise rule for ``1/b`` then the product.
+    depends on r: ``a * (1/b)``, the elementwise rule for ``1/b`` then the product
+    (with one operand a dense Jet, the mixed product: a softmax's ``e / sum(e)``).
 
     Args:
         eqn: the ``div`` equation (``eqn.params`` read).
@@ -186,6 +239,13 @@ def div(eqn: Any, ins: list) -> list | None:
     """
     shape = _out_shape(eqn)
     (out,) = bind(eqn, [val(x) for x in ins])
+    if any(isinstance(x, Jet) for x in ins):  # one dense, one sparse operand
+        if is_complex(out):
+            return None
+        a, b = (_to_shape(x, shape) for x in ins)
+        if isinstance(b, Jet):
+            return _mixed_product(a, _dense_unary(lambda v: [1.0 / v[0]], b), out)
+        return _mixed_product(a, unary(lambda v: [1.0 / v[0]], b)[0], out)
     a, b = (sp.broadcast(x, shape) if isinstance(x, SparseJet) else x for x in ins)
     if not isinstance(b, SparseJet):
         terms = tuple(Term(o, data / b) for o, data in a.terms)
