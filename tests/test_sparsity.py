@@ -345,6 +345,43 @@ def test_a_dense_operand_times_a_sparse_one_reads_the_owners_only(monkeypatch):
     assert len(calls) >= 4  # a, b, c and the softmax's division
 
 
+def dense_contracted_with_sparse(v):
+    """A dense operand contracted with a sparse one over the owner axis, each side:
+    attention weights ``softmax(s) @ v`` and ``v.T @ softmax(s).T``; a contraction
+    over the owner axis and a feature axis at once; and weights times pair logits
+    (owners i and j), which the mixed product does not cover (the dense rule)."""
+    r = v.reshape(N, 3)
+    vals = jnp.tanh(r @ W[:3])  # (N, 5), owner i
+    weights = jax.nn.softmax(jnp.sin(r[:, :1] * r[:, 1]), axis=-1)  # (N, N), dense
+    out1 = weights @ vals
+    out2 = vals.T @ weights.T
+    both = jnp.einsum("ij,jf->i", weights @ jnp.eye(N), vals)
+    pairs = weights @ (vals @ jnp.cos(vals).T)
+    return (
+        jnp.sum(jnp.sin(out1))
+        + jnp.sum(out2**2)
+        + jnp.sum(jnp.cos(both))
+        + jnp.sum(jnp.tanh(pairs))
+    )
+
+
+def test_a_dense_operand_contracted_with_a_sparse_one(monkeypatch):
+    """dot_general of a dense and a sparse operand over the sparse one's owner axis
+    (attention's weights times values, either side) goes through the mixed product,
+    a batched one through the dense rule; all match the float64 Hessian trace."""
+    from beyondgrad.forward_laplacian import sparse
+
+    answers = []
+    real = sparse._mixed_dot
+    monkeypatch.setattr(
+        sparse, "_mixed_dot", lambda *a: answers.append(real(*a)) or answers[-1]
+    )
+    with jax.enable_x64(True):
+        _check(dense_contracted_with_sparse, _points())
+    covered = [a is not None for a in answers]
+    assert covered.count(True) >= 3 and covered.count(False) >= 1
+
+
 def test_sparsity_cuts_compiled_flops_and_temporaries():
     """FermiNet-like at n = 16 (float32, the default sizes): the compiled forward
     Laplacian with particles needs at most 0.8 of the dense program's flops and

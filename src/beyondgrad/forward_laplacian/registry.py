@@ -185,7 +185,7 @@ RULES: dict[Primitive, Rule] = {
     lax.optimization_barrier_p: linear(all_from=0),
     **dict.fromkeys(_prims("stack"), linear(all_from=0)),
     lax.mul_p: _with_sparse(bilinear(), sparse.mul, mixed=True),
-    lax.dot_general_p: _with_sparse(bilinear(), sparse.dot_general),
+    lax.dot_general_p: _with_sparse(bilinear(), sparse.dot_general, mixed=True),
     lax.conv_general_dilated_p: bilinear(),
     lax.div_p: _with_sparse(
         custom(dense.div, "linear in the numerator; a * (1/b) otherwise"),

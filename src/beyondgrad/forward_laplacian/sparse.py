@@ -25,6 +25,7 @@ from beyondgrad._sparse_jets import SparseJet, Term
 from beyondgrad.forward_laplacian.dense import broadcast_jet, slopes
 from beyondgrad.forward_laplacian.jets import (
     Jet,
+    WithParams,
     add_laps,
     bind,
     dep,
@@ -314,6 +315,75 @@ def _placed_terms(eqn: Any, ins: list, k: int) -> list[Term] | None:
     return terms
 
 
+def _mixed_dot(eqn: Any, ins: list) -> list | None:
+    """``dot_general`` of a dense :class:`Jet` and a ``SparseJet`` with no batch axes
+    (attention's ``softmax(s) @ v``): a dense result. The dense operand's rows go
+    through the product as in the dense rule. Each sparse term must have owners that
+    vary along exactly one contracted axis ``j``, one particle per index there, and
+    are constant elsewhere (else ``None``: the dense rule): the product with ``j``
+    made a batch axis, not summed, gives each particle's rows at once, and the
+    Laplacian's cross term reads the dense Jacobian's rows only at ``owner(j)``."""
+    (contract_l, contract_r), (batch_l, batch_r) = eqn.params["dimension_numbers"]
+    if batch_l or batch_r:
+        return None
+    k = 0 if isinstance(ins[0], SparseJet) else 1  # the sparse operand
+    x, dense_x = ins[k], ins[1 - k]
+    contract, other_contract = (
+        (contract_l, contract_r)[k],
+        (contract_l, contract_r)[1 - k],
+    )
+    (out,) = bind(eqn, [val(ins[0]), val(ins[1])])
+    if not is_float(out) or is_complex(out):
+        return None
+
+    def f(u: jax.Array, v: jax.Array) -> jax.Array:  # u: the dense side, v: sparse
+        return bind(eqn, [v, u] if k == 0 else [u, v])[0]
+
+    d = dense_x.jac.shape[0]
+    jac = jax.vmap(lambda row: f(row, x.val))(dense_x.jac)
+    rows = dense_x.jac.reshape((x.particles, x.block, *dense_x.jac.shape[1:]))
+    cross = jnp.zeros(out.shape, out.dtype)
+    for owner, data in x.terms:
+        vary = [a for a in contract if not sp.constant_along(owner, (a,))]
+        shrunk = sp.compress(owner)
+        if len(vary) != 1 or any(
+            shrunk.shape[a] > 1 for a in range(owner.ndim) if a != vary[0]
+        ):
+            return None
+        (j,) = vary
+        o = shrunk.reshape(-1)
+        if len(set(o.tolist())) != len(o):
+            return None
+        jd = other_contract[list(contract).index(j)]  # the dense side's axis
+        rest = [a for a in contract if a != j]
+        rest_d = [other_contract[list(contract).index(a)] for a in rest]
+        if k == 0:
+            dims = ((tuple(rest), tuple(rest_d)), ((j,), (jd,)))
+        else:
+            dims = ((tuple(rest_d), tuple(rest)), ((jd,), (j,)))
+        unsummed = WithParams(eqn.primitive, {**eqn.params, "dimension_numbers": dims})
+
+        def g(u: jax.Array, v: jax.Array, unsummed: Any = unsummed) -> jax.Array:
+            return bind(unsummed, [v, u] if k == 0 else [u, v])[0]
+
+        per = jax.vmap(lambda v: g(dense_x.val, v))(data)  # (c, n_j, *out)
+        inverse = np.full(x.particles, len(o))
+        inverse[o] = np.arange(len(o))
+        got = jnp.take(per, inverse, axis=1, mode="fill", fill_value=0)  # (c, P, *out)
+        jac = jac + jnp.moveaxis(got, 1, 0).reshape((d, *out.shape))
+        # cross term: the dense rows at particle owner(j), for each j
+        moved = jnp.moveaxis(rows, 2 + jd, 2)  # (P, c, n_j, ...)
+        picked = moved[o, :, np.arange(len(o))]  # (n_j, c, ...)
+        picked = jnp.moveaxis(jnp.moveaxis(picked, 0, 1), 1, 1 + jd)  # (c, *dense)
+        cross = cross + sum(f(picked[q], data[q]) for q in range(x.block))
+    laps = [
+        None if dense_x.lap is None else f(dense_x.lap, x.val),
+        None if x.lap is None else f(dense_x.val, x.lap),
+        2.0 * cross,
+    ]
+    return [Jet(out, jac, add_laps(*laps))]
+
+
 def dot_general(eqn: Any, ins: list) -> list | None:
     """``dot_general`` contracting axes along which every operand's owners are
     constant (``h @ W`` over features; attention logits ``q @ k.T`` over features,
@@ -333,6 +403,8 @@ def dot_general(eqn: Any, ins: list) -> list | None:
         One entry per result, or ``None`` for a case not covered (the rule's
         dense form then runs on dense jets).
     """
+    if any(isinstance(x, Jet) for x in ins):  # one dense, one sparse operand
+        return _mixed_dot(eqn, ins)
     on_r = dep(ins)
     placed = [_placed_terms(eqn, ins, k) for k in on_r]
     if any(t is None for t in placed):
