@@ -1378,3 +1378,38 @@ def test_jax_krylov_solver_differentiates_with_a_primal_right_hand_side(name):
     np.testing.assert_allclose(np.asarray(g_a), -np.outer(u, x), rtol=1e-4)
     with pytest.raises(NotImplementedError):
         jax.linear_transpose(lambda y: krylov(lambda v: a @ v, y)[0], b)(c)
+
+
+def test_closure_convert_hoists_what_may_carry_a_tangent():
+    """Chapter 3's list of what ``jax.closure_convert`` hoists: a traced float or
+    complex value under ``jit``, a ``grad`` tracer, and a ``vmap`` tracer over a differentiated value
+    (``grad(vmap)``); not a concrete array, a traced integer, or a plain ``vmap``
+    tracer."""
+    hoisted = {}
+
+    def record(name):
+        def fn(t):
+            _, consts = jax.closure_convert(lambda x: x * t, jnp.ones((), t.dtype))
+            hoisted[name] = len(consts)
+            return jnp.real(t).astype(jnp.float32)
+
+        return fn
+
+    record("concrete")(jnp.float32(2.0))
+    jax.jit(record("jit float"))(jnp.float32(2.0))
+    jax.jit(record("jit complex"))(jnp.complex64(2.0))
+    jax.jit(record("jit int"))(jnp.int32(2))
+    jax.grad(record("grad"))(jnp.float32(2.0))
+    jax.vmap(record("vmap"))(jnp.ones(2))
+    jax.grad(lambda t: jax.vmap(record("grad(vmap)"))(t).sum())(jnp.ones(2))
+    jax.vmap(jax.grad(record("vmap(grad)")))(jnp.ones(2))
+    assert hoisted == {
+        "concrete": 0,
+        "jit float": 1,
+        "jit complex": 1,
+        "jit int": 0,
+        "grad": 1,
+        "vmap": 0,
+        "grad(vmap)": 1,
+        "vmap(grad)": 1,
+    }
