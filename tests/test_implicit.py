@@ -1349,3 +1349,67 @@ def test_jax_krylov_solver_called_directly_in_a_tangent_solve_does_not_transpose
     assert abs(float(tangent) - 0.6) < 1e-5
     with pytest.raises(NotImplementedError):
         jax.grad(root_sum)(ones)
+
+
+@pytest.mark.parametrize("name", ["cg", "bicgstab", "gmres"])
+def test_jax_krylov_solver_differentiates_with_a_primal_right_hand_side(name):
+    """Chapter 3b's qualification: only a call on the linear input fails to transpose
+    (``jax.linear_transpose`` of ``y -> solver(A, y)`` raises NotImplementedError, as
+    a tangent solve does); ``jax.grad`` of a loss through ``solver(A, b)`` with
+    respect to ``b`` or ``A`` works, against the closed forms ``A^{-T} c`` and
+    ``-(A^{-T} c) x^T``."""
+    from jax.scipy.sparse import linalg as sparse_linalg
+
+    krylov = getattr(sparse_linalg, name)
+    a = jnp.array([[3.0, 1.0], [1.0, 2.0]])
+    # x = A^{-1} b = (-0.2, 1.6), u = A^{-T} c = (0.6, -0.8): no zero entries
+    b, c = jnp.array([1.0, 3.0]), jnp.array([1.0, -1.0])
+
+    def loss(a, b):
+        return c @ krylov(lambda v: a @ v, b)[0]
+
+    g_a, g_b = jax.grad(loss, argnums=(0, 1))(a, b)
+    a64, b64, c64 = (np.asarray(v, np.float64) for v in (a, b, c))
+    u = np.linalg.solve(a64.T, c64)
+    x = np.linalg.solve(a64, b64)
+    # default tol=1e-5 on the relative residual, times cond(A) = 2.6, bounds the
+    # relative error of each solve by ~3e-5; rtol 1e-4 leaves room for float32 rounding
+    np.testing.assert_allclose(np.asarray(g_b), u, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(g_a), -np.outer(u, x), rtol=1e-4)
+    with pytest.raises(NotImplementedError):
+        jax.linear_transpose(lambda y: krylov(lambda v: a @ v, y)[0], b)(c)
+
+
+def test_closure_convert_hoists_what_may_carry_a_tangent():
+    """Chapter 3's list of what ``jax.closure_convert`` hoists: a traced float or
+    complex value under ``jit``, a ``grad`` tracer, and a ``vmap`` tracer over a differentiated value
+    (``grad(vmap)``); not a concrete array, a traced integer, or a plain ``vmap``
+    tracer."""
+    hoisted = {}
+
+    def record(name):
+        def fn(t):
+            _, consts = jax.closure_convert(lambda x: x * t, jnp.ones((), t.dtype))
+            hoisted[name] = len(consts)
+            return jnp.real(t).astype(jnp.float32)
+
+        return fn
+
+    record("concrete")(jnp.float32(2.0))
+    jax.jit(record("jit float"))(jnp.float32(2.0))
+    jax.jit(record("jit complex"))(jnp.complex64(2.0))
+    jax.jit(record("jit int"))(jnp.int32(2))
+    jax.grad(record("grad"))(jnp.float32(2.0))
+    jax.vmap(record("vmap"))(jnp.ones(2))
+    jax.grad(lambda t: jax.vmap(record("grad(vmap)"))(t).sum())(jnp.ones(2))
+    jax.vmap(jax.grad(record("vmap(grad)")))(jnp.ones(2))
+    assert hoisted == {
+        "concrete": 0,
+        "jit float": 1,
+        "jit complex": 1,
+        "jit int": 0,
+        "grad": 1,
+        "vmap": 0,
+        "grad(vmap)": 1,
+        "vmap(grad)": 1,
+    }
