@@ -806,3 +806,17 @@ def test_fixed_point_scalar_tangent_solve_is_named_first():
     )
     # JAX's error second: from jacrev on JAX 0.12, already under vmap on 0.8.2
     assert " raised ValueError: " in fb.messages[1], str(fb)
+
+
+def test_fixed_point_while_loop_alone_names_custom_root_first():
+    """A plain while_loop (no custom_root): JAX's reverse-mode error alone pointed to
+    a scan or a static fori_loop, which the checker refuses as well; the missing
+    custom_root comes first, JAX's error after it (#44, workshop simulation 9)."""
+    fb = ch3.check_fixed_point_grad(_fp_while_loop, seed=0)
+    assert fb.messages[0].startswith(
+        "your function does not call lax.custom_root; its jaxpr has while but no "
+        "custom_root"
+    ), str(fb)
+    assert fb.messages[1].startswith(
+        "jax.jacrev of your function raised ValueError: Reverse-mode"
+    ), str(fb)
