@@ -145,15 +145,17 @@ def fix_jit_counts(seed: int | None = None) -> list[tuple[np.ndarray, np.ndarray
     return cases
 
 
-#: Exercise 1.1: the first line when reverse mode meets a loop with a traced trip
-#: count (a ``vmap``-ped ``while_loop``, a ``fori_loop`` to ``jnp.max(n)``).
+#: Exercise 1.1: the first line when reverse mode meets a loop whose trip count is not
+#: known when the loop is compiled: a ``while_loop`` (``vmap``-ped as in the chapter, or
+#: stopping at the static ``n_max``: its condition still runs at run time) or a
+#: ``fori_loop`` to ``jnp.max(n)``.
 TRACED_TRIP_COUNT = (
-    "reverse mode cannot go through a loop whose trip count is traced (a while_loop, "
-    "or a fori_loop with traced bounds such as jnp.max(n)): the backward pass needs "
-    "every step's values, and the number of steps is unknown when the loop is "
-    "compiled. Loop a static n_max times (lax.fori_loop(0, n_max, ...)) and keep each "
-    "entry's finished value with a mask, jnp.where(i < n, step, value), as the "
-    "exercise says"
+    "reverse mode cannot go through a lax.while_loop, even one that stops at the "
+    "static n_max (its condition is evaluated at run time), nor a fori_loop with "
+    "traced bounds such as jnp.max(n): the backward pass needs every step's values, "
+    "and the number of steps is unknown when the loop is compiled. Loop a static n_max "
+    "times (lax.fori_loop(0, n_max, ...)) and keep each entry's finished value with a "
+    "mask, jnp.where(i < n, step, value), as the exercise says"
 )
 
 
