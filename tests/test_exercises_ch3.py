@@ -698,6 +698,11 @@ def test_sqrtm_first_message_names_the_mistake(answer, quote):
         (_series_grad(1e-15), "does not come from the solve"),
         (_series_grad(1e-13, terms=8), "cut after 8 terms"),
         (_series_grad(1e-13, terms=1), "the Jacobian-free (phantom) gradient"),
+        (
+            lambda b: -_series_grad(1e-13)(b),
+            "your gradient is -1 times the series I + J + ... + J^19 for (I - J)^-1 "
+            "cut after 20 terms: a sign is wrong",
+        ),
         (_grad_at(1e-6), "at the scale of a solver tolerance (required 3e-12)"),
         (lambda b: _grad_closed_form(b) / 8, "0.125 times the right one everywhere"),
         (lambda b: -_grad_closed_form(b), "-1 times the right one everywhere"),
@@ -719,6 +724,7 @@ def test_sqrtm_first_message_names_the_mistake(answer, quote):
         "starter-tighter",
         "8-terms",
         "jacobian-free",
+        "starter-sign-flipped",
         "tol-1e-6",
         "mean",
         "sign",

@@ -726,6 +726,16 @@ def _tolerance_fix_hint(
                 "{**ex3, 'b': b}, and differentiate with respect to it"
             )
         terms = _series_terms(a, r, series)
+        flipped = None if terms is not None else _series_terms(-a, r, series)
+        if flipped is not None:  # a truncated series with its sign flipped
+            return (
+                f"your gradient is -1 times the series I + J + ... + J^{flipped - 1} "
+                f"for (I - J)^-1 cut after {flipped} terms: a sign is wrong (the "
+                "tangent solve must return t with g(t) = y, and for g = J - I that "
+                "is t = -(y + J y + J^2 y + ...)); the series' remainder is a second "
+                "error: solve the tangent system exactly (the default dense tangent "
+                "solve)"
+            )
         if terms == SUSPICIOUS_TERMS:
             return (
                 f"largest error {rel:.1e} relative, as suspicious_grad's: its solve "
