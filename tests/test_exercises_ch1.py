@@ -452,6 +452,30 @@ def test_predict_retraces_bad_inputs(case):
     _assert_rejected(ch1.check_predict_retraces(answer), fragment)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_predict_retraces_names_x_shape_on_a_python_number_first(seed):
+    """x.shape on the quiz's Python numbers: the call and the slip first, Python's
+    AttributeError after it (#44, workshop simulation 9)."""
+    fb = ch1.check_predict_retraces(lambda x, n: (x.shape, x.dtype, n), seed=seed)
+    _assert_rejected(fb)
+    first, *rest = fb.messages[0].split("\n")
+    assert first.startswith("call (Python "), str(fb)
+    assert "which has no .shape or .dtype (jit takes Python numbers too)" in first
+    assert rest and rest[0].lstrip().startswith(
+        "my_cache_key raised AttributeError: "
+    ), str(fb)
+
+
+def test_predict_retraces_other_attribute_errors_are_not_renamed():
+    def key(x, n):
+        return x.no_such_attribute
+
+    fb = ch1.check_predict_retraces(key, seed=0)
+    _assert_rejected(fb)
+    # the quiz's first call is a jax.Array: its own AttributeError, not the hint
+    assert fb.messages[0].startswith("my_cache_key raised AttributeError"), str(fb)
+
+
 def test_predict_retraces_stub():
     _assert_not_attempted(ch1.check_predict_retraces(_stub))
     with pytest.raises(exercises.ExerciseFailed):

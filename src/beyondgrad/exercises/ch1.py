@@ -420,8 +420,18 @@ def retrace_quiz(seed: int | None = None) -> list[Call]:
 def _key_of(answer: Callable, c: Call) -> tuple[Any, str | None]:
     """The student's key for one call, or ``(None, what went wrong)``."""
     key = exercises.call_answer(answer, *c.args, c.kwargs["n"], what="my_cache_key")
-    if exercises.failed(key) is not None:
-        return key, exercises.failed(key)
+    failure = exercises.failed(key)
+    if failure is not None:
+        x = c.args[0]
+        if isinstance(x, (bool, int, float, complex)) and "AttributeError" in failure:
+            # x.shape / x.dtype on a Python number: name the call, then Python's error
+            return key, (
+                f"call {c.signature()} passes x as a Python {type(x).__name__}, which "
+                "has no .shape or .dtype (jit takes Python numbers too): read them "
+                "with functions that accept any argument jit does, jnp.shape(x), "
+                f"jnp.result_type(x) or jax.typeof(x)\n    {failure}"
+            )
+        return key, failure
     try:
         hash(key)
     except TypeError:
