@@ -180,6 +180,14 @@ _EX12 = Exercise(
                 return type(x), jax.typeof(x), n
         """,
         ),
+        S(
+            "x.shape, x.dtype (Python floats have no .shape)",
+            "fail",
+            """
+            def answer(x, n):
+                return x.shape, x.dtype, n
+        """,
+        ),
     ),
 )
 
@@ -386,6 +394,17 @@ def dot_test(f, f_transpose, x, y):
     left = jnp.vdot(f(x), y)
     return jnp.abs(left - right) / (jnp.abs(left) + jnp.abs(right))
 """,
+        ),
+        S(
+            "returns a tuple (x, s), not a dict",
+            "fail",
+            _W
+            + """
+def answer(v):
+    rc = jnp.cumsum(v[::-1])[::-1]
+    return (rc - jnp.roll(v, -1), jnp.vdot(w, v))
+"""
+            + _DOT,
         ),
     ),
 )
@@ -606,6 +625,11 @@ def answer(A):
     return (V / jnp.sqrt(w)) @ V.T
 """,
         ),
+        S(
+            "root_find tolerance loose (1e-4)",
+            "fail",
+            _sq().replace("tol=1e-12", "tol=1e-4"),
+        ),
     ),
 )
 
@@ -763,6 +787,15 @@ def answer(w_block, X_block, y_block, lr=0.1):
     return w_block + lr * jax.grad(global_loss)(w_block)
 """,
         ),
+        S(
+            "grad of the local block's loss at w_block (no gather)",
+            "fail",
+            """
+def answer(w_block, X_block, y_block, lr=0.1):
+    g = jax.grad(mse_loss)(w_block, X_block, y_block)
+    return w_block - lr * lax.pmean(g, "data")
+""",
+        ),
     ),
     devices=8,
 )
@@ -872,6 +905,14 @@ _EX51 = Exercise(
             "gradient u*gv only (product rule half)",
             "fail",
             _fl().replace("gu * v + u * gv", "u * gv"),
+        ),
+        S(
+            "returns a list, not a tuple",
+            "pass",
+            _fl().replace(
+                "return u * v, gu * v + u * gv, lu * v + u * lv + 2 * cross",
+                "return [u * v, gu * v + u * gv, lu * v + u * lv + 2 * cross]",
+            ),
         ),
     ),
 )
@@ -1031,6 +1072,11 @@ _EX61 = Exercise(
             ),
         ),
         S("mean instead of median", "fail", _clip(median="jnp.mean(everyone)")),
+        S(
+            "mean of the devices' medians (pmean of local medians)",
+            "fail",
+            _clip(median='lax.pmean(jnp.median(e_l), "data")'),
+        ),
     ),
     devices=8,
 )
@@ -1091,6 +1137,15 @@ def answer(w, x):
 def answer(w, x):
     w = compat.pcast_varying(w.astype(jnp.float32), "data")
     return jax.vmap(jax.grad(ex6.toy_log_psi), in_axes=(None, 0))(w, x)
+""",
+        ),
+        S(
+            "grad without vmap (whole block at once)",
+            "fail",
+            """
+def answer(w, x):
+    w = compat.pcast_varying(w, "data")
+    return jax.grad(ex6.toy_log_psi)(w, x)
 """,
         ),
     ),
