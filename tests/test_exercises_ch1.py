@@ -236,7 +236,7 @@ NEAR_MISSES_11 = [
     (
         "the chapter's vmap of a while_loop",
         _vmap_while,
-        "reverse mode cannot go through a loop whose trip count is traced",
+        "reverse mode cannot go through a lax.while_loop",
     ),
     (
         "one iteration too few",
@@ -285,7 +285,7 @@ NEAR_MISSES_11 = [
         lambda x, n, m: lax.fori_loop(
             0, jnp.max(n), lambda i, v: jnp.where(i < n, jnp.sin(v), v), x
         ),
-        "reverse mode cannot go through a loop whose trip count is traced",
+        "nor a fori_loop with traced bounds such as jnp.max(n)",
     ),
 ]
 
@@ -450,6 +450,30 @@ BAD_12 = [
 def test_predict_retraces_bad_inputs(case):
     _, answer, fragment = case
     _assert_rejected(ch1.check_predict_retraces(answer), fragment)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_predict_retraces_names_x_shape_on_a_python_number_first(seed):
+    """x.shape on the quiz's Python numbers: the call and the slip first, Python's
+    AttributeError after it (#44, workshop simulation 9)."""
+    fb = ch1.check_predict_retraces(lambda x, n: (x.shape, x.dtype, n), seed=seed)
+    _assert_rejected(fb)
+    first, *rest = fb.messages[0].split("\n")
+    assert first.startswith("call (Python "), str(fb)
+    assert "which has no .shape or .dtype (jit takes Python numbers too)" in first
+    assert rest and rest[0].lstrip().startswith(
+        "my_cache_key raised AttributeError: "
+    ), str(fb)
+
+
+def test_predict_retraces_other_attribute_errors_are_not_renamed():
+    def key(x, n):
+        return x.no_such_attribute
+
+    fb = ch1.check_predict_retraces(key, seed=0)
+    _assert_rejected(fb)
+    # the quiz's first call is a jax.Array: its own AttributeError, not the hint
+    assert fb.messages[0].startswith("my_cache_key raised AttributeError"), str(fb)
 
 
 def test_predict_retraces_stub():
@@ -752,13 +776,24 @@ def _fori_to_max_n(x, n, n_max):  # n_max ignored: the trip count max(n) is trac
     return lax.fori_loop(0, jnp.max(n), lambda i, v: jnp.where(i < n, jnp.sin(v), v), x)
 
 
-@pytest.mark.parametrize("answer", [_vmap_while, _fori_to_max_n])
+def _while_to_static_n_max(x, n, n_max):  # a static bound, still a while_loop
+    def body(c):
+        return c[0] + 1, jnp.where(c[0] < n, jnp.sin(c[1]), c[1])
+
+    return lax.while_loop(lambda c: c[0] < n_max, body, (0, x))[1]
+
+
+@pytest.mark.parametrize(
+    "answer", [_vmap_while, _fori_to_max_n, _while_to_static_n_max]
+)
 def test_fix_jit_names_a_traced_trip_count_before_jax_error(answer):
     fb = ch1.check_fix_jit(answer, seed=0)
     _assert_rejected(fb)
     first, *rest = fb.messages[0].split("\n")
     assert first == ch1.TRACED_TRIP_COUNT, str(fb)
     assert "n_max" in first and "mask" in first
+    # a while_loop bounded by the static n_max is named as such (workshop sim 9)
+    assert "even one that stops at the static n_max" in first
     assert rest and rest[0].lstrip().startswith(
         "jax.grad of the sum of your function raised ValueError: Reverse-mode "
         "differentiation does not work"

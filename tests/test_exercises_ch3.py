@@ -698,6 +698,11 @@ def test_sqrtm_first_message_names_the_mistake(answer, quote):
         (_series_grad(1e-15), "does not come from the solve"),
         (_series_grad(1e-13, terms=8), "cut after 8 terms"),
         (_series_grad(1e-13, terms=1), "the Jacobian-free (phantom) gradient"),
+        (
+            lambda b: -_series_grad(1e-13)(b),
+            "your gradient is -1 times the series I + J + ... + J^19 for (I - J)^-1 "
+            "cut after 20 terms: a sign is wrong",
+        ),
         (_grad_at(1e-6), "at the scale of a solver tolerance (required 3e-12)"),
         (lambda b: _grad_closed_form(b) / 8, "0.125 times the right one everywhere"),
         (lambda b: -_grad_closed_form(b), "-1 times the right one everywhere"),
@@ -719,6 +724,7 @@ def test_sqrtm_first_message_names_the_mistake(answer, quote):
         "starter-tighter",
         "8-terms",
         "jacobian-free",
+        "starter-sign-flipped",
         "tol-1e-6",
         "mean",
         "sign",
@@ -806,3 +812,17 @@ def test_fixed_point_scalar_tangent_solve_is_named_first():
     )
     # JAX's error second: from jacrev on JAX 0.12, already under vmap on 0.8.2
     assert " raised ValueError: " in fb.messages[1], str(fb)
+
+
+def test_fixed_point_while_loop_alone_names_custom_root_first():
+    """A plain while_loop (no custom_root): JAX's reverse-mode error alone pointed to
+    a scan or a static fori_loop, which the checker refuses as well; the missing
+    custom_root comes first, JAX's error after it (#44, workshop simulation 9)."""
+    fb = ch3.check_fixed_point_grad(_fp_while_loop, seed=0)
+    assert fb.messages[0].startswith(
+        "your function does not call lax.custom_root; its jaxpr has while but no "
+        "custom_root"
+    ), str(fb)
+    assert fb.messages[1].startswith(
+        "jax.jacrev of your function raised ValueError: Reverse-mode"
+    ), str(fb)

@@ -118,12 +118,19 @@ def clip_mean_std(e_l):
     return jnp.clip(e_l, mean - 3.0 * std, mean + 3.0 * std)
 
 
+def clip_mean_of_medians(e_l):  # each device's median, averaged (workshop sim 9)
+    median = lax.pmean(jnp.median(e_l), "data")
+    mad = lax.pmean(jnp.mean(jnp.abs(e_l - median)), "data")
+    return jnp.clip(e_l, median - 3.0 * mad, median + 3.0 * mad)
+
+
 CLIP_SLIPS = [
     (clip_local_median, ["each device's own median", "the MAD is each device's own"]),
     (clip_chapter_per_device, ["each device's own median"]),
     (clip_no_pmean, ["the MAD is each device's own"]),
     (clip_std, ["the half-width uses the standard deviation"]),
     (clip_mean_std, ["centred on the mean", "the standard deviation"]),
+    (clip_mean_of_medians, ["centred on the mean of the devices' own medians"]),
     (clip_scale_2, ["the window is 2 deviations wide", "asks for 3"]),
     (clip_chapter_copy, ["the window is 2 deviations wide"]),
     (lambda e: e, ["nothing was clipped"]),

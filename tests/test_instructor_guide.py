@@ -544,8 +544,10 @@ MISTAKES = [
     Mistake(
         "ch3-while-loop",
         lambda: ch3_checks.check_fixed_point_grad(_while_loop_solve),
-        "jax.jacrev of your function raised ValueError: Reverse-mode differentiation does not work for "
-        "lax.while_loop or lax.fori_loop with dynamic start/stop values",
+        "your function does not call lax.custom_root; its jaxpr has while but no "
+        "custom_root",
+        "jax.jacrev of your function raised ValueError: Reverse-mode differentiation "
+        "does not work for lax.while_loop or lax.fori_loop with dynamic start/stop values",
     ),
     Mistake(
         "ch3-scalar-tangent-solve",

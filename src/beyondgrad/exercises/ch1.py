@@ -145,15 +145,17 @@ def fix_jit_counts(seed: int | None = None) -> list[tuple[np.ndarray, np.ndarray
     return cases
 
 
-#: Exercise 1.1: the first line when reverse mode meets a loop with a traced trip
-#: count (a ``vmap``-ped ``while_loop``, a ``fori_loop`` to ``jnp.max(n)``).
+#: Exercise 1.1: the first line when reverse mode meets a loop whose trip count is not
+#: known when the loop is compiled: a ``while_loop`` (``vmap``-ped as in the chapter, or
+#: stopping at the static ``n_max``: its condition still runs at run time) or a
+#: ``fori_loop`` to ``jnp.max(n)``.
 TRACED_TRIP_COUNT = (
-    "reverse mode cannot go through a loop whose trip count is traced (a while_loop, "
-    "or a fori_loop with traced bounds such as jnp.max(n)): the backward pass needs "
-    "every step's values, and the number of steps is unknown when the loop is "
-    "compiled. Loop a static n_max times (lax.fori_loop(0, n_max, ...)) and keep each "
-    "entry's finished value with a mask, jnp.where(i < n, step, value), as the "
-    "exercise says"
+    "reverse mode cannot go through a lax.while_loop, even one that stops at the "
+    "static n_max (its condition is evaluated at run time), nor a fori_loop with "
+    "traced bounds such as jnp.max(n): the backward pass needs every step's values, "
+    "and the number of steps is unknown when the loop is compiled. Loop a static n_max "
+    "times (lax.fori_loop(0, n_max, ...)) and keep each entry's finished value with a "
+    "mask, jnp.where(i < n, step, value), as the exercise says"
 )
 
 
@@ -418,8 +420,18 @@ def retrace_quiz(seed: int | None = None) -> list[Call]:
 def _key_of(answer: Callable, c: Call) -> tuple[Any, str | None]:
     """The student's key for one call, or ``(None, what went wrong)``."""
     key = exercises.call_answer(answer, *c.args, c.kwargs["n"], what="my_cache_key")
-    if exercises.failed(key) is not None:
-        return key, exercises.failed(key)
+    failure = exercises.failed(key)
+    if failure is not None:
+        x = c.args[0]
+        if isinstance(x, (bool, int, float, complex)) and "AttributeError" in failure:
+            # x.shape / x.dtype on a Python number: name the call, then Python's error
+            return key, (
+                f"call {c.signature()} passes x as a Python {type(x).__name__}, which "
+                "has no .shape or .dtype (jit takes Python numbers too): read them "
+                "with functions that accept any argument jit does, jnp.shape(x), "
+                f"jnp.result_type(x) or jax.typeof(x)\n    {failure}"
+            )
+        return key, failure
     try:
         hash(key)
     except TypeError:

@@ -150,7 +150,7 @@ _CHAPTER_SCALE = 2.0
 
 def _clip_slip(got: Any, e: np.ndarray, per_device: int) -> str | None:
     """The likely slip that gives ``got`` for energies ``e`` (one window of
-    median/mean, over all walkers or per device, MAD over all walkers or per device,
+    median/mean, over all walkers or per device, or the mean of per-device medians, MAD over all walkers or per device,
     or the standard deviation, at :data:`CLIP_SCALE` or the chapter's default), in
     words, or None when ``got`` is none of them, or clips nothing (a slip that clips
     nothing at this size is told apart at another)."""
@@ -162,12 +162,21 @@ def _clip_slip(got: Any, e: np.ndarray, per_device: int) -> str | None:
         "local median": np.broadcast_to(
             np.median(blocks, axis=1, keepdims=True), blocks.shape
         ),
+        # before "mean": with 1 or 2 walkers per device the two are the same number
+        "mean of local medians": np.full_like(
+            blocks, np.mean(np.median(blocks, axis=1))
+        ),
         "mean": np.full_like(blocks, np.mean(e)),
     }
     words = {
         "local median": (
             "you used each device's own median: the median is over all walkers "
             "(lax.all_gather(e_l, 'data', tiled=True) first)"
+        ),
+        "mean of local medians": (
+            "the window is centred on the mean of the devices' own medians (with 1 or "
+            "2 walkers per device, that is also the mean): the median is over all "
+            "walkers (lax.all_gather(e_l, 'data', tiled=True), then jnp.median)"
         ),
         "mean": "the window is centred on the mean: centre it on the median",
         "local mad": (
