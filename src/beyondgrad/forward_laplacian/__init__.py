@@ -78,10 +78,14 @@ that products and squares of terms need where owners coincide, as on ``i = j``).
 A rule keeps the terms if it declares ``Rule.sparse`` (elementwise functions and
 elementwise ``custom_jvp`` calls, ``add``/``sub``/``mul``/``div``, the reshapes,
 broadcasts, transposes, slices and real-linear maps of ``_sparse_jets.OWNER_MAPS``,
-``reduce_sum``, ``dot_general`` with one operand depending on ``r``,
-``concatenate``, calls); every other rule, control flow and registered rules
-included, receives dense Jets (the terms summed into a ``(d, *shape)`` Jacobian
-first), so the default is always correct. Without ``particles`` nothing changes: the
+``reduce_sum``, ``dot_general`` contracting axes along which the owners are
+constant (one operand on ``r``, or both: attention logits ``q @ k.T``),
+``concatenate``, calls). ``mul``, ``div`` and ``dot_general`` also take one dense and
+one sparse operand (``Rule.mixed``): the result is dense, but the Laplacian's cross
+term reads the dense Jacobian only at the sparse operand's owners (a softmax's
+``e / sum(e)``; ``softmax(s) @ v`` over the owner axis). Every other rule, control
+flow and registered rules included, receives dense Jets (the terms summed into a
+``(d, *shape)`` Jacobian first), so the default is always correct. Without ``particles`` nothing changes: the
 program is the dense one.
 
 Complex values

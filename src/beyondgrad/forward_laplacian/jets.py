@@ -61,9 +61,9 @@ class Rule:
 
     ``sparse`` declares that the rule keeps particle sparsity (:func:`forward_jet`
     with ``particles``): a function ``sparse(eqn, ins) -> outs`` whose ``ins`` hold
-    ``SparseJet`` s of ``beyondgrad._sparse_jets`` (and plain arrays, never a dense
-    :class:`Jet`), returning SparseJets, Jets or plain arrays, or ``None`` for a case
-    it does not cover. A rule without it (``None``), or a ``None`` answer, gets its
+    ``SparseJet`` s of ``beyondgrad._sparse_jets`` (and plain arrays; a dense
+    :class:`Jet` only where ``mixed`` is set), returning SparseJets, Jets or plain
+    arrays, or ``None`` for a case it does not cover. A rule without it (``None``), or a ``None`` answer, gets its
     operands as dense Jets: correct by default.
 
     Build one with :func:`linear`, :func:`bilinear`, :func:`elementwise`,
