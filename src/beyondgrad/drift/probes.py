@@ -570,7 +570,7 @@ def seed001_linearize_transpose_with_cast() -> str:
 
 @_probe(
     APPENDIX,
-    "Chapter 3's aside: how `custom_root` got its shape",
+    "Chapter 3b's aside: how `custom_root` got its shape",
     "jax#1448: custom_root whose solve closes over traced values, under jit and grad",
 )
 def seed002_custom_root_closure_jit() -> str:
