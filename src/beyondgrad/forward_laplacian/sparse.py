@@ -22,7 +22,7 @@ from jax import lax
 
 from beyondgrad import _sparse_jets as sp
 from beyondgrad._sparse_jets import SparseJet, Term
-from beyondgrad.forward_laplacian.dense import broadcast_jet, slopes
+from beyondgrad.forward_laplacian.dense import broadcast_jet, slopes, unary_rule
 from beyondgrad.forward_laplacian.jets import (
     Jet,
     WithParams,
@@ -193,15 +193,6 @@ def _to_shape(x: Any, shape: tuple[int, ...]) -> Any:
     return broadcast_jet(x, shape)
 
 
-def _dense_unary(apply: Callable, x: Jet) -> Jet:
-    """Elementwise ``f`` of a dense :class:`Jet` (``dense.unary_rule``'s formula)."""
-    out, d1, d2 = slopes(apply, x.val)
-    lap = d2 * jnp.sum(x.jac * x.jac, axis=0)
-    if x.lap is not None:
-        lap = lap + d1 * x.lap
-    return Jet(out, d1 * x.jac, lap)
-
-
 def mul(eqn: Any, ins: list) -> list | None:
     """``mul``: the product rule on terms (operands broadcast to the result first);
     with one operand a dense Jet, the mixed product (a dense result).
@@ -245,7 +236,7 @@ def div(eqn: Any, ins: list) -> list | None:
             return None
         a, b = (_to_shape(x, shape) for x in ins)
         if isinstance(b, Jet):
-            return _mixed_product(a, _dense_unary(lambda v: [1.0 / v[0]], b), out)
+            return _mixed_product(a, unary_rule(lambda v: [1.0 / v[0]], b)[0], out)
         return _mixed_product(a, unary(lambda v: [1.0 / v[0]], b)[0], out)
     a, b = (sp.broadcast(x, shape) if isinstance(x, SparseJet) else x for x in ins)
     if not isinstance(b, SparseJet):
