@@ -592,8 +592,9 @@ def kept_walkers(o: jax.Array, e_l: jax.Array) -> jax.Array:
 
     Walker :math:`b` is kept when its local energy :math:`E_L(x_b)` and every entry of
     its row :math:`O_{b\cdot}` are finite (not NaN, not :math:`\pm\infty`); it is
-    dropped otherwise (a walker on a node of :math:`\psi`, an overflow). A dropped
-    walker takes no part anywhere: pass this mask to :func:`clip_local_energies`
+    dropped otherwise (a walker on a node of :math:`\psi`, an overflow). After the
+    sampling (its chain goes on, its moves count in the acceptance) a dropped walker
+    takes no part: pass this mask to :func:`clip_local_energies`
     (the window's median and width) and :func:`kept_energy` (the reported energy
     and variance); :func:`natural_gradient` (means, :math:`g`, the matrices) and
     :func:`nonfinite_walkers` (the count) apply it themselves. The step is then the
