@@ -111,6 +111,42 @@ def test_a_partial_rerun_replaces_only_its_entries_and_is_marked(tmp_path, monke
         matrix.merge(where, {**point["versions"], "jax": "0.10.1"}, [], None)
 
 
+def test_a_rerun_of_a_notebook_the_full_run_lacked_joins_the_point(
+    tmp_path, monkeypatch
+):
+    """A chapter added after a point's full run (chapter 3b, split from 3) is rerun
+    with --notebooks: its entry is kept, in chapter order, not dropped."""
+    base = _record("ok")
+    point = base["points"][0]
+    record = tmp_path / "matrix.json"
+    record.write_text(json.dumps(base))
+    monkeypatch.setattr(matrix, "RECORD", record)
+    monkeypatch.setattr(matrix, "git_commit", lambda: "def5678")
+    monkeypatch.setattr(
+        matrix,
+        "notebooks",
+        lambda: [book.ROOT / "chapters" / n for n in ("00_a.ipynb", "01_x.ipynb")],
+    )
+    added = {"notebook": "chapters/00_a.ipynb", "seconds": 9.0, "status": "ok"}
+    where = matrix.Point("0.10.2", "3.11", "")
+    merged = matrix.merge(where, point["versions"], [dict(added, error="")], None)
+    assert [e["notebook"] for e in merged["notebooks"]] == [
+        "chapters/00_a.ipynb",
+        "chapters/01_x.ipynb",
+    ]
+    assert merged["notebooks"][0]["commit"] == "def5678"
+    assert merged["notebooks"][1] == point["notebooks"][0]
+
+
+def test_the_record_has_every_notebook_at_every_point():
+    """Tested on shows every self-study and student notebook at every point."""
+    record = json.loads(matrix.RECORD.read_text())
+    want = {p.relative_to(book.ROOT).as_posix() for p in matrix.notebooks()}
+    for point in record["points"]:
+        have = {e["notebook"] for e in point["notebooks"]}
+        assert want <= have, f"{point['point']} lacks {sorted(want - have)}"
+
+
 def test_a_rerun_cell_keeps_the_counts_and_drops_time_and_deselected():
     """The rerun row must fit the page at 1280 px (the browser check): pytest's
     summary keeps its pass/fail counts, not its deselected count or its time."""

@@ -287,7 +287,18 @@ def merge(point: Point, versions: dict, results: list[dict], draw: dict | None) 
     stamp = {"date": _dt.date.today().isoformat(), "commit": git_commit()}
     new = {e["notebook"]: {**e, **stamp} for e in results}
     entry = dict(old)
-    entry["notebooks"] = [new.get(e["notebook"], e) for e in old["notebooks"]]
+    # a notebook the full run did not have (a chapter added since) joins the point
+    had = {e["notebook"] for e in old["notebooks"]}
+    order = [n.relative_to(ROOT).as_posix() for n in notebooks()]
+
+    def rank(e: dict) -> int:
+        return order.index(e["notebook"]) if e["notebook"] in order else len(order)
+
+    entry["notebooks"] = sorted(
+        [new.get(e["notebook"], e) for e in old["notebooks"]]
+        + [e for n, e in new.items() if n not in had],
+        key=rank,
+    )
     if draw is not None:
         entry["checker_reruns"] = [
             r
