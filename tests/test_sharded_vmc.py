@@ -574,7 +574,7 @@ def test_uncast_per_walker_grads_behave_as_chapter_6_says_on_this_jax(problem):
         assert (
             "JAX 0.8.2 stops with `TypeError: _psum_invariant_abstract_eval()" in text
         )
-    else:  # 0.9.2, 0.10.2, 0.11.2 and 0.12.0.1 checked by hand (python3 dev.py matrix)
+    else:  # run at 0.9.2, 0.10.2, 0.11.2 and 0.12.0.1 in the matrix environments
         assert outcome == "sums"
         assert "Every later release in the supported range runs the program" in text
 

@@ -288,16 +288,13 @@ def merge(point: Point, versions: dict, results: list[dict], draw: dict | None) 
     new = {e["notebook"]: {**e, **stamp} for e in results}
     entry = dict(old)
     # a notebook the full run did not have (a chapter added since) joins the point
-    had = {e["notebook"] for e in old["notebooks"]}
+    merged = {e["notebook"]: e for e in old["notebooks"]} | new
     order = [n.relative_to(ROOT).as_posix() for n in notebooks()]
-
-    def rank(e: dict) -> int:
-        return order.index(e["notebook"]) if e["notebook"] in order else len(order)
-
     entry["notebooks"] = sorted(
-        [new.get(e["notebook"], e) for e in old["notebooks"]]
-        + [e for n, e in new.items() if n not in had],
-        key=rank,
+        merged.values(),
+        key=lambda e: (
+            order.index(e["notebook"]) if e["notebook"] in order else len(order)
+        ),
     )
     if draw is not None:
         entry["checker_reruns"] = [
