@@ -145,6 +145,48 @@ def test_check_transpose_tolerance_in_use():
     assert near.passed and "<= 3.8e-06 x the sum" in str(near), str(near)
 
 
+def _one_part_offset(part, factor):
+    """``dense_transpose`` with one part moved by ``factor`` x its allowed error."""
+
+    def answer(v):
+        out = dict(dense_transpose(v))
+        scale = _transpose_scale_by_hand(v)[part]
+        moved = np.asarray(out[part], np.float64) + factor * 64 * U32 * scale
+        out[part] = jnp.asarray(moved, jnp.float32)
+        return out
+
+    return answer
+
+
+@pytest.mark.parametrize("part", ["x", "s"])
+def test_a_rejected_part_is_always_named(part):
+    """The hint names the part the tolerance rejects, however small the miss: a miss
+    a little over the tolerance once got no line when it was under the hint's own
+    (looser) closeness test, as 0.1 v_0 added to x is for a small drawn v_0."""
+    for seed in range(20):
+        for factor in (3.0, 30.0, 3000.0):
+            fb = ch2.check_transpose(_one_part_offset(part, factor), seed=seed)
+            assert not fb.passed, (seed, factor)
+            assert f"the {part!r} part is wrong" in fb.messages[0] or (
+                f"your {part!r} is wrong" in fb.messages[0]
+            ), (seed, factor, str(fb))
+
+
+def test_a_small_miss_in_x_is_named_at_a_small_first_cotangent():
+    """The near miss of NEAR_MISSES with v_0 drawn small (0.1 v_0 under the hint's
+    closeness test, over the tolerance): the draw CI once made."""
+    seeds = [
+        seed
+        for seed in range(3000)
+        if 1e-3 < abs(np.random.default_rng(seed).normal(size=6)[0]) < 2e-3
+    ][:3]
+    assert seeds
+    for seed in seeds:
+        fb = ch2.check_transpose(NEAR_MISSES[-1][1], seed=seed)
+        assert not fb.passed
+        assert "the 'x' part is wrong" in fb.messages[0], (seed, str(fb))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_check_dot_product_tolerance_in_use(seed):
     # the checker's dot test draws x (6), s, v (6) from its generator in that order;

@@ -223,8 +223,15 @@ def _transpose_hint(got: Any, v: jax.Array, want: Mapping[str, jax.Array]) -> st
             f"your transpose is {factor:.4g} times the right one: a constant factor "
             "is missing or extra (a transpose carries no scaling of its own)"
         )
+    # Which part is wrong is the checker's own verdict (TRANSPOSE_RTOL x S_j), so a
+    # rejected part always gets a line; `near` only recognises which slip it is.
+    scale = _transpose_scale(vn)
+    wrong = {
+        part: bool(np.any(np.abs(g - w) > TRANSPOSE_RTOL * scale[part]))
+        for part, g, w in (("x", gx, wx), ("s", gs, ws))
+    }
     said = []
-    if not near(gx, wx):
+    if wrong["x"]:
         cum = {
             "right": np.cumsum(vn[::-1])[::-1],
             "cumsum": np.cumsum(vn),
@@ -236,7 +243,12 @@ def _transpose_hint(got: Any, v: jax.Array, want: Mapping[str, jax.Array]) -> st
             "sign": np.roll(vn, -1),
             "none": np.zeros_like(vn),
         }
-        found = [(c, r) for c in cum for r in rolls if near(gx, cum[c] + rolls[r])]
+        found = [
+            (c, r)
+            for c in cum
+            for r in rolls
+            if (c, r) != ("right", "right") and near(gx, cum[c] + rolls[r])
+        ]
         if not found:
             said.append(
                 "the 'x' part is wrong: transpose cumsum and roll(x, 1) one at a time "
@@ -264,7 +276,7 @@ def _transpose_hint(got: Any, v: jax.Array, want: Mapping[str, jax.Array]) -> st
                 )
             if r == "none":
                 said.append("your 'x' part has no term for - roll(x, 1)")
-    if not near(gs, ws):
+    if wrong["s"]:
         w = _weights_np().astype(np.float64)
         if not np.any(gs):
             said.append(
