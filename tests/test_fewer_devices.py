@@ -42,6 +42,26 @@ _xb.device_count = jax.device_count = _device_count
 
 CHAPTER_6 = book.ROOT / "chapters" / "06_sharded_vmc.ipynb"
 
+#: What in a chapter's code asks about devices or lays arrays out on them.
+USES_DEVICES = re.compile(
+    r"demo_mesh|make_mesh|jax\.devices|device_count|shard_map|NamedSharding|Mesh\("
+)
+
+
+def chapters_that_use_devices() -> list[Path]:
+    """The chapter notebooks whose code uses devices (the others cannot see how many
+    there are)."""
+    import nbformat
+
+    found = []
+    for source in book.chapter_sources():
+        path = source.with_suffix(".ipynb")
+        nb = nbformat.read(path, as_version=4)
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        if USES_DEVICES.search(code):
+            found.append(path)
+    return found
+
 
 def run_with_one_default_device(path: Path):
     """Execute the notebook at ``path`` (Run all, first error stops it) after
@@ -111,9 +131,16 @@ def one_default_device_run_cached(path: Path):
     return nb
 
 
+def test_the_chapters_with_devices_include_the_sharding_chapters():
+    names = [p.name for p in chapters_that_use_devices()]
+    for chapter in ("04_shard_map_vma", "05_laplacians", "06_sharded_vmc"):
+        assert f"{chapter}.ipynb" in names, names
+
+
 @pytest.mark.timeout(900)
-def test_chapter_6_runs_with_one_default_device():
-    nb = one_default_device_run_cached(CHAPTER_6)
+@pytest.mark.parametrize("path", chapters_that_use_devices(), ids=lambda p: p.stem)
+def test_chapter_runs_with_one_default_device(path):
+    nb = one_default_device_run_cached(path)
     errors = [
         o
         for c in nb.cells
