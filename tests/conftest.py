@@ -94,17 +94,48 @@ if _cache_dir:
 TEST_TIMEOUT_S = 900
 
 
+#: Environment variable naming the part of the suite to run: unset or ``all`` (the
+#: default: every test) or ``versions`` (every test not marked ``one_env``). CI's lock
+#: and floor environments run ``versions``; its newest environment runs all.
+SUITE_VARIABLE = "BEYONDGRAD_SUITE"
+SUITES = ("all", "versions")
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "no_compile_cache: run without JAX's persistent compilation cache",
     )
+    config.addinivalue_line(
+        "markers",
+        "one_env: what the test checks does not change with the JAX release (the "
+        "repository's tooling and texts, wall-clock time limits on a loaded machine): "
+        f"{SUITE_VARIABLE}=versions leaves it out (CI runs it in one environment)",
+    )
+
+
+def suite() -> str:
+    """The part of the suite this run selects (:data:`SUITE_VARIABLE`)."""
+    name = os.environ.get(SUITE_VARIABLE, "").strip() or "all"
+    if name not in SUITES:
+        raise pytest.UsageError(
+            f"{SUITE_VARIABLE}={name!r}: use one of {', '.join(SUITES)} (or unset it)"
+        )
+    return name
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test without its own ``timeout`` marker gets :data:`TEST_TIMEOUT_S`, when
+    """Under ``BEYONDGRAD_SUITE=versions`` the tests marked ``one_env`` are deselected.
+    Every test without its own ``timeout`` marker gets :data:`TEST_TIMEOUT_S`, when
     pytest-timeout is installed (the toolchain has it; a bare ``pytest`` without it runs
     the same tests without a limit)."""
+    if suite() == "versions":
+        left_out = [item for item in items if item.get_closest_marker("one_env")]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [
+                item for item in items if not item.get_closest_marker("one_env")
+            ]
     if not config.pluginmanager.hasplugin("timeout"):
         return
     if config.getoption("timeout", None):  # --timeout on the command line wins

@@ -10,6 +10,9 @@ import pytest
 
 from tools import accelerator_run as ar
 
+# Checks the accelerator script's own logic: the same on every JAX release (conftest.py).
+pytestmark = pytest.mark.one_env
+
 
 def test_wheel_distribution_names():
     assert ar.wheel_distribution(Path("folx-0.2.30-py3-none-any.whl")) == "folx"

@@ -20,6 +20,9 @@ import dev
 from tools import book
 from tools import browser as browser_checks
 
+# Checks the page checks of a built book: the same on every JAX release (conftest.py).
+pytestmark = pytest.mark.one_env
+
 
 def _ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")

@@ -46,6 +46,9 @@ import pytest
 
 from tools import api
 
+# Checks the package's docstrings and API page: the same on every JAX release (conftest.py).
+pytestmark = pytest.mark.one_env
+
 #: Objects documented by another change (their module is edited there):
 #: ``SolverInfo`` (a NamedTuple) needs a ``#:`` comment above each of its fields.
 PENDING: frozenset[str] = frozenset()

@@ -150,6 +150,7 @@ def test_feedback_prints_marks():
 # ------------------------------------------------ time limit, drawn cases, return kinds
 
 
+@pytest.mark.one_env  # waits out a time limit (conftest.py)
 def test_a_python_loop_that_never_ends_is_stopped_with_a_message(monkeypatch):
     """call_answer's limit stops a Python loop; the limit is shortened to 2 s here. On a
     loaded machine it stretches by at most _TIME_LIMIT_MARGIN s, and says how long."""

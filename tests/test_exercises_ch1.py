@@ -337,6 +337,7 @@ def _python_forever(*args):
     return args[0]
 
 
+@pytest.mark.one_env  # waits out a time limit (conftest.py)
 def test_checkers_stop_waiting_for_an_endless_loop(monkeypatch):
     import time
 

@@ -734,7 +734,22 @@ def comparable(quote: str) -> str:
     return quote.split(" got ")[0] + " got "
 
 
-@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
+#: Quotes of a checker's time limit: each waits the limit out on the wall clock, so
+#: they run in one CI environment (conftest.py's ``one_env``); the time-limit tests
+#: themselves are tests/test_time_limit_loaded.py.
+TIME_LIMIT_QUOTES = {
+    "ch1-endless-loop",
+    "python-loop-never-ends",
+    "compiled-loop-never-ends",
+}
+
+
+def _case(value, name: str):
+    marks = [pytest.mark.one_env] if name in TIME_LIMIT_QUOTES else []
+    return pytest.param(*value, id=name, marks=marks)
+
+
+@pytest.mark.parametrize("mistake", [_case((m,), m.name) for m in MISTAKES])
 def test_guide_quotes_what_the_checker_prints(mistake):
     """The quote is in the first message the student sees (:func:`first_message`);
     a follow-up quote, if any, is on a later line (of that message or a later one)."""
@@ -1325,7 +1340,7 @@ def test_the_guide_marks_its_general_quotes():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name, quote", MARKED, ids=[n for n, _ in MARKED])
+@pytest.mark.parametrize("name, quote", [_case((n, q), n) for n, q in MARKED])
 def test_a_marked_quote_is_what_the_student_sees_first(name, quote):
     assert name in FIRST_SEEN, (
         f"instructor_guide.md marks a quote with {name!r}, which names no wrong answer "
@@ -1338,3 +1353,10 @@ def test_a_marked_quote_is_what_the_student_sees_first(name, quote):
         f"the guide quotes {quote!r} for {name!r}, but what the student sees first "
         f"is:\n{seen}"
     )
+
+
+def test_the_time_limit_quotes_are_quotes_of_the_guide():
+    """Each name of TIME_LIMIT_QUOTES is a case above (a renamed one would run in
+    every environment again, silently)."""
+    names = {m.name for m in MISTAKES} | {n for n, _ in MARKED}
+    assert TIME_LIMIT_QUOTES <= names, TIME_LIMIT_QUOTES - names

@@ -10,6 +10,9 @@ import pytest
 
 from tools import book, matrix
 
+# Checks the version-matrix tool and its record: the same on every JAX release (conftest.py).
+pytestmark = pytest.mark.one_env
+
 
 def _locked_jax() -> set[str]:
     text = (book.ROOT / "uv.lock").read_text()

@@ -20,6 +20,9 @@ import pytest
 
 from beyondgrad import exercises as ex
 
+# Checks wall-clock time limits on a loaded machine (seconds each): the same on every JAX release (conftest.py).
+pytestmark = pytest.mark.one_env
+
 #: The limit of the checks here (seconds), and what a student is promised beyond it.
 LIMIT = 2.0
 PROMISED_MARGIN = 5.0

@@ -6,8 +6,10 @@ commands in the same environments as .ci/run.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,9 @@ import yaml
 
 import dev
 from tools import book
+
+# Checks CI's definition, dev.py and the README: the same on every JAX release (conftest.py).
+pytestmark = pytest.mark.one_env
 
 WORKFLOWS = book.ROOT / ".github" / "workflows"
 CI_RUN = book.ROOT / ".ci" / "run"
@@ -47,14 +52,20 @@ def test_readme_commands_are_the_two_commands():
 
 
 def ci_environments() -> dict[str, dict]:
-    """.ci/run's ENVIRONMENTS table: name -> python, venv, jax, commands."""
+    """.ci/run's ENVIRONMENTS table: name -> python, venv, jax, suite, commands."""
     table = re.search(r"^ENVIRONMENTS='\n(.*?)^'", CI_RUN.read_text(), re.S | re.M)
     assert table, ".ci/run has no ENVIRONMENTS table"
     envs = {}
     for line in table.group(1).splitlines():
         if line.strip():
-            name, python, venv, jax, *commands = line.split()
-            envs[name] = {"python": python, "venv": venv, "jax": jax, "cmds": commands}
+            name, python, venv, jax, suite, *commands = line.split()
+            envs[name] = {
+                "python": python,
+                "venv": venv,
+                "jax": jax,
+                "suite": suite,
+                "cmds": commands,
+            }
     return envs
 
 
@@ -100,7 +111,11 @@ def test_ci_script_runs_the_readme_commands_in_three_environments():
     assert envs["newest"]["python"] == "3.12" and envs["newest"]["jax"] == "newest"
     assert {"lint", "typecheck", "book", "test"} <= set(envs["newest"]["cmds"])
     assert envs["floor"]["python"] == "3.11" and envs["floor"]["jax"] == "floor"
-    assert {"book", "test"} <= set(envs["floor"]["cmds"])
+    assert "test" in envs["floor"]["cmds"]
+    # every test runs in newest; lock and floor leave out the one_env tests only
+    assert envs["newest"]["suite"] == "all"
+    assert {e["suite"] for e in envs.values()} <= {"all", "versions"}
+    assert 'BEYONDGRAD_SUITE="$suite"' in text
     # what the README gives a newcomer whose python3 is 3.11: uv.lock, not upgraded
     assert envs["lock"]["python"] == "3.11" and envs["lock"]["jax"] == "lock"
     assert {"book", "test"} <= set(envs["lock"]["cmds"])  # both README commands
@@ -372,3 +387,34 @@ def test_floor_takes_the_locked_toolchain_but_not_the_direct_dependencies(monkey
         "ruff==0.17.6",
         "scipy==1.17.1 ; python_full_version < '3.12'",
     ]
+
+
+def _collected(suite: str, *paths: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "BEYONDGRAD_SUITE": suite}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+         "-p", "no:cacheprovider", *paths],
+        cwd=book.ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_the_versions_suite_leaves_out_exactly_the_one_env_tests():
+    """CI's lock and floor run BEYONDGRAD_SUITE=versions: every test but those marked
+    one_env (a whole file here, one test of another file); a wrong name is refused."""
+    paths = ("tests/test_matrix.py", "tests/test_exercises.py")
+    ids = {}
+    for suite in ("all", "versions"):
+        out = _collected(suite, *paths)
+        assert out.returncode == 0, out.stdout + out.stderr
+        ids[suite] = {line for line in out.stdout.splitlines() if "::" in line}
+    left_out = ids["all"] - ids["versions"]
+    assert ids["versions"] < ids["all"]
+    assert any("test_a_python_loop_that_never_ends" in t for t in left_out), left_out
+    assert all(
+        t.startswith("tests/test_matrix.py::") or "never_ends" in t for t in left_out
+    ), left_out
+    bad = _collected("some", "tests/test_matrix.py")
+    assert bad.returncode != 0
+    assert (
+        "BEYONDGRAD_SUITE='some': use one of all, versions" in bad.stdout + bad.stderr
+    )

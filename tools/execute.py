@@ -34,12 +34,22 @@ from tools.executed import (  # noqa: F401  (execute, test_cache: the tests' rea
     fresh_executed_notebook,
     is_fresh,
     test_cache,
+    with_outputs_of,
     write_atomically,
 )
 
 
 class RunAllStopped(AssertionError):
     """*Run all* stopped before the notebook's last cell."""
+
+
+def _without_raises_tags(nb):
+    """``nb`` with every ``raises-exception`` tag stripped (Colab ignores the tag)."""
+    for cell in nb.cells:
+        tags = cell.get("metadata", {}).get("tags")
+        if tags and "raises-exception" in tags:
+            cell.metadata["tags"] = [t for t in tags if t != "raises-exception"]
+    return nb
 
 
 def run_all(path: Path, timeout: int = 600):
@@ -55,11 +65,7 @@ def run_all(path: Path, timeout: int = 600):
     from nbclient.exceptions import CellExecutionError
 
     path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:
-        tags = cell.get("metadata", {}).get("tags")
-        if tags and "raises-exception" in tags:
-            cell.metadata["tags"] = [t for t in tags if t != "raises-exception"]
+    nb = _without_raises_tags(nbformat.read(path, as_version=4))
     client = NotebookClient(
         nb,
         timeout=timeout,
@@ -321,9 +327,9 @@ def run_all_cached(path: Path, timeout: int = 600):
     candidate = test_cache() / "run_all" / rel
     if candidate.exists():
         kept = nbformat.read(candidate, as_version=4)
-        same = lambda: code_of(kept) == code_of(nbformat.read(path, as_version=4))  # noqa: E731
-        if is_fresh(candidate, [path], same):
-            return kept
+        now = _without_raises_tags(nbformat.read(path, as_version=4))
+        if is_fresh(candidate, [path], lambda: code_of(kept) == code_of(now)):
+            return with_outputs_of(kept, now)
     nb = run_all_implied_by_build(path)
     if nb is not None:  # the book build's execution already was this Run all
         return nb

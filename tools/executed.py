@@ -71,6 +71,17 @@ def code_of(nb) -> list[str]:
     return [c.source for c in nb.cells if c.cell_type == "code"]
 
 
+def with_outputs_of(kept, nb):
+    """``nb`` (a notebook as it is now) with the outputs of ``kept`` (a run of the same
+    code cells, :func:`is_fresh`): a prose edit does not re-execute, and a reader of the
+    result sees the prose as it is now, as in the book's cache."""
+    ran = [c for c in kept.cells if c.cell_type == "code"]
+    for cell, done in zip((c for c in nb.cells if c.cell_type == "code"), ran):
+        cell.outputs = done.get("outputs", [])
+        cell.execution_count = done.get("execution_count")
+    return nb
+
+
 def is_fresh(kept: Path | float, inputs: list[Path], same_code) -> bool:
     """Whether a kept execution (a file, or its timestamp) is fresh for ``inputs``:
     keyed, when ``same_code()`` (its code cells are the inputs'); else when newer than
@@ -145,9 +156,12 @@ def fresh_executed_notebook(source: Path):
     candidate = test_cache() / f"{source.stem}.ipynb"
     if not candidate.exists():
         return None
-    nb = nbformat.read(candidate, as_version=4)
-    same = lambda: code_of(nb) == code_of(jupytext.read(source))  # noqa: E731
-    return nb if is_fresh(candidate, [source], same) else None
+    kept = nbformat.read(candidate, as_version=4)
+    nb = jupytext.read(source)
+    same = lambda: code_of(kept) == code_of(nb)  # noqa: E731
+    if not is_fresh(candidate, [source], same):
+        return None
+    return with_outputs_of(kept, nb)
 
 
 def executed_notebook(source: Path):
