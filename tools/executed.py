@@ -113,16 +113,10 @@ def cached_execution(source: Path):
     except KeyError:
         return None
     # The cache keeps code cells and their outputs; the prose comes from the source.
-    cached = [
-        c for c in cache.get_cache_bundle(record.pk).nb.cells if c.cell_type == "code"
-    ]
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    if len(cached) != len(code):
+    kept = cache.get_cache_bundle(record.pk).nb
+    if len(code_of(kept)) != len(code_of(nb)):
         return None
-    for cell, done in zip(code, cached):
-        cell.outputs = done.outputs
-        cell.execution_count = done.get("execution_count")
-    return nb, record.created.timestamp()
+    return with_outputs_of(kept, nb), record.created.timestamp()
 
 
 def execute(source: Path, timeout: int = 600):
