@@ -53,11 +53,12 @@ def chapters_that_use_devices() -> list[Path]:
     there are)."""
     import nbformat
 
+    from tools.executed import code_of
+
     found = []
     for source in book.chapter_sources():
         path = source.with_suffix(".ipynb")
-        nb = nbformat.read(path, as_version=4)
-        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        code = "\n".join(code_of(nbformat.read(path, as_version=4)))
         if USES_DEVICES.search(code):
             found.append(path)
     return found
