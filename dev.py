@@ -13,6 +13,8 @@
     python3 dev.py drift [--versions ...]  # probes under every JAX of tools/drift.py (drift.md)
     python3 dev.py matrix [--points ...]   # every notebook, Run all, under every minor JAX
                                # release supported (tools/matrix.py; the Tested-on table)
+    python3 dev.py draws --points P --seeds 0:500   # each checker on its own solution,
+                               # seed by seed, into records/checker_draws.jsonl (tools/draws.py)
 
 Options (before the command): --venv DIR (default .venv, or $BEYONDGRAD_VENV),
 --jax VERSION|floor|lock|newest (default newest, or $BEYONDGRAD_JAX; newest: uv.lock's
@@ -640,6 +642,10 @@ def main(argv: list[str]) -> int:
         from tools.matrix import main as matrix_main
 
         return matrix_main(argv[1:])
+    if argv[:1] == ["draws"]:  # the checker-draws ledger, in the matrix's venvs
+        from tools.draws import main as draws_main
+
+        return draws_main(argv[1:])
     if argv[:1] == ["mutate"] and "--list" in argv:  # the table only: stdlib
         from tools.mutate import main as mutate_main
 
