@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tools import book, matrix
+from tools import book, draws, matrix
 
 # Checks the version-matrix tool and its record: the same on every JAX release (conftest.py).
 pytestmark = pytest.mark.one_env
@@ -159,3 +159,58 @@ def test_a_rerun_cell_keeps_the_counts_and_drops_time_and_deselected():
         == "1 failed, 13 passed"
     )
     assert matrix._counts("1 passed") == "1 passed"
+
+
+# --- the checker-draws ledger (tools/draws.py) -----------------------------------------
+
+
+def test_the_ledger_knows_every_checker_of_the_draws_test():
+    import test_exercises_draws as t
+
+    assert draws.exercises() == list(t.CHECKERS)
+    for name in t.CHECKERS:  # each has its files, so a changed checker resets its count
+        assert draws.digest(name)
+
+
+def _block(exercise: str, seeds: list[int], rejected=None, digest=None) -> dict:
+    return {
+        "point": "0.10.2@3.11",
+        "exercise": exercise,
+        "seeds": seeds,
+        "rejected": rejected or {},
+        "digest": digest or draws.digest(exercise),
+        "date": "2026-11-29",
+        "commit": "abc1234",
+    }
+
+
+def test_the_ledger_counts_distinct_seeds_at_todays_files_only():
+    entries = [
+        _block("5.1", [0, 50]),
+        _block("5.1", [25, 100]),  # overlapping: counted once
+        _block("5.1", [100, 900], digest="0" * 16),  # files changed since: not counted
+        _block("2.1", [0, 50], rejected={"17": "x differs"}),
+    ]
+    t = draws.tally(entries)
+    assert len(t[("0.10.2@3.11", "5.1")]["seeds"]) == 100
+    assert sorted(t[("0.10.2@3.11", "2.1")]["bad"]) == [17]
+    page = draws.render(entries)
+    row = {ln.split(" | ")[0]: ln for ln in page.splitlines() if ln.startswith("| ")}
+    assert "100 ✓" in row["| 5.1"] and "50 ✗ 1 rejected (seeds [17])" in row["| 2.1"]
+    assert "| · |" in row["| 1.1"]
+
+
+def test_tested_on_shows_the_ledger_at_todays_files():
+    page = draws.PAGE.read_text()
+    assert draws.START in page and draws.END in page
+    shown = page.split(draws.START, 1)[1].split(draws.END, 1)[0].strip()
+    assert shown == draws.render(draws.read()).strip(), (
+        "tested_on.md's draws table is not the ledger's at today's files: "
+        "python3 dev.py draws --render"
+    )
+
+
+@pytest.mark.parametrize("seeds", ["5", "9:3", "-1:4", "a:b"])
+def test_draws_refuses_bad_seed_ranges(seeds):
+    with pytest.raises(SystemExit, match="--seeds"):
+        draws.main([f"--seeds={seeds}", "--render"])
