@@ -809,6 +809,29 @@ def test_custom_root_with_aux_both_branches(monkeypatch, probe):
     assert dcount.dtype == jax.dtypes.float0
 
 
+@pytest.mark.parametrize(
+    "dtype, count", [(jnp.bfloat16, 257), (jnp.float16, 2049)], ids=["bf16", "f16"]
+)
+def test_float_fallback_keeps_an_integer_aux_exact_at_a_narrow_guess(
+    monkeypatch, dtype, count
+):
+    """257 is not a bfloat16, 2049 not a float16: the fallback widens to float32."""
+    monkeypatch.setattr(compat, "_INT_AUX_PROBE", [False])
+
+    def solve(g, x0):
+        k, x = lax.fori_loop(0, count, lambda _, c: (c[0] + 1, c[1] - g(c[1])), (0, x0))
+        return x, k
+
+    def root(theta):
+        F = lambda x: x - theta  # noqa: E731
+        return compat.custom_root_with_aux(F, jnp.zeros((), dtype), solve, lambda g, y: y)
+
+    theta = jnp.asarray(1.5, dtype)
+    x, k = root(theta)
+    assert int(k) == count and k.dtype == jnp.int32
+    assert float(jax.grad(lambda t: root(t)[0].astype(jnp.float32))(theta)) == 1.0
+
+
 # ------------------------------------------------------------------ figures (measurements)
 
 

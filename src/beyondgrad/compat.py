@@ -574,9 +574,10 @@ def custom_root_with_aux(
     """``lax.custom_root(f, initial_guess, solve, tangent_solve, has_aux=True)``, any aux.
 
     Where this JAX rejects integer/bool aux leaves under differentiation
-    (:func:`custom_root_integer_aux_ok` is False), they cross ``custom_root`` as floats
-    of the initial guess's dtype and are cast back after; integers up to ``2**24``
-    survive float32 exactly. The aux carries no derivative either way
+    (:func:`custom_root_integer_aux_ok` is False), they cross ``custom_root`` as real
+    floats at least as wide as float32 (the initial guess's real dtype, widened) and
+    are cast back after; integers up to ``2**24`` survive float32 exactly, also when
+    the guess is bfloat16 or float16. The aux carries no derivative either way
     (``stop_gradient``).
     """
     import jax.numpy as jnp
@@ -592,7 +593,10 @@ def custom_root_with_aux(
 def _custom_root_float_aux(
     f: Any, initial_guess: Any, solve: Any, tangent_solve: Any, jnp: Any
 ) -> tuple[Any, Any]:
-    dtype = jnp.result_type(*jax.tree_util.tree_leaves(initial_guess))
+    # A real float at least as wide as float32, whatever the guess (bfloat16, float16,
+    # complex): integers up to 2**24 cross exactly (float64 under x64: up to 2**53).
+    guess = jnp.result_type(*jax.tree_util.tree_leaves(initial_guess))
+    dtype = jnp.promote_types(jnp.finfo(guess).dtype, jnp.float32)
     dtypes: list[Any] = []
 
     def solve_float(g: Any, x: Any) -> tuple[Any, Any]:
