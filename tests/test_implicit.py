@@ -1436,3 +1436,31 @@ def test_closure_convert_hoists_what_may_carry_a_tangent():
         "grad(vmap)": 1,
         "vmap(grad)": 1,
     }
+
+
+@pytest.mark.parametrize("solver", ["gmres", "cg"])
+def test_iterative_tangent_solve_takes_a_state_of_mixed_float_dtypes(solver):
+    """A float32 leaf beside a float64 one: JAX's cg/gmres promote their step sizes
+    over all leaves, so leaf by leaf the float32 leaf changed dtype in their loops
+    (TypeError or ValueError); raveled to one vector, the result is dense's."""
+
+    def f(x, t):
+        a = (0.5 * jnp.cos(x["a"]) + t).astype(x["a"].dtype)
+        return {"a": a, "b": 0.3 * jnp.sin(x["b"]) + 2 * t}
+
+    def total(t, how):
+        with jax.enable_x64(True):
+            x0 = {"a": jnp.zeros(2, jnp.float32), "b": jnp.zeros(3, jnp.float64)}
+            x = im.fixed_point(f, x0, t, tangent_solver=how)[0]
+            assert x["a"].dtype == jnp.float32 and x["b"].dtype == jnp.float64
+            return jnp.sum(x["a"]).astype(jnp.float64) + jnp.sum(x["b"])
+
+    with jax.enable_x64(True):
+        t = jnp.float64(0.3)
+        dense = jax.grad(lambda t: total(t, "dense"))(t)
+        np.testing.assert_allclose(
+            jax.grad(lambda t: total(t, solver))(t), dense, rtol=1e-6
+        )
+        np.testing.assert_allclose(
+            jax.jacfwd(lambda t: total(t, solver))(t), dense, rtol=1e-6
+        )

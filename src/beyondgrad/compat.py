@@ -12,7 +12,7 @@ Version differences absorbed here (facts from the version-drift report, ``drift.
   (:func:`direct_linearize_option`, :func:`set_direct_linearize`).
 * ``custom_root`` with an integer aux output fails under ``jvp``/``grad`` before 0.11
   (:func:`custom_root_integer_aux_ok`, :func:`custom_root_with_aux`), and appears in a
-  jaxpr under a different primitive on 0.8.x and on newer JAX (:func:`uses_custom_root`).
+  jaxpr under a different primitive up to 0.10.x and from 0.11 (:func:`uses_custom_root`).
 
 Private APIs read here and nowhere else (each tested on both ends of the range):
 ``jax._src.xla_bridge.backends_are_initialized`` (:func:`backends_initialized`),
@@ -425,21 +425,21 @@ def derivatives_disabled(
 # the newest, fallbacks with fakes):
 #
 # * how ``lax.custom_root`` appears in a jaxpr: a ``custom_jvp_call`` of the function
-#   ``_custom_root`` up to 0.8.x, a ``call_hi_primitive`` carrying a ``CustomRoot``
-#   (a ``hijax.HiPrim``) on 0.12;
+#   ``_custom_root`` up to 0.10.x, a ``call_hi_primitive`` carrying a ``CustomRoot``
+#   (a ``hijax.HiPrim``) from 0.11;
 # * whether ``custom_root(..., has_aux=True)`` accepts an integer or bool aux under
-#   differentiation: 0.8.2 gives it an integer tangent instead of ``float0`` and fails
-#   with ``TypeError``; 0.12 accepts it. Detected by a feature probe (abstract
-#   evaluation only), not a version number: the first fixed release is not pinned here.
+#   differentiation: up to 0.10.x it gets an integer tangent instead of ``float0``
+#   and fails with ``TypeError``; from 0.11 it is accepted. Detected by a feature
+#   probe (abstract evaluation only), not by a version number.
 
 
 def _is_custom_root_eqn(eqn: Any) -> bool:
     """True if one jaxpr equation is a ``lax.custom_root`` call (either recording)."""
     prim = eqn.params.get("_prim") if hasattr(eqn.params, "get") else None
-    if prim is not None and type(prim).__name__ == "CustomRoot":  # 0.12: a HiPrim
+    if prim is not None and type(prim).__name__ == "CustomRoot":  # 0.11 on: a HiPrim
         return True
     call = eqn.params.get("call_jaxpr") if hasattr(eqn.params, "get") else None
-    if eqn.primitive.name == "custom_jvp_call" and call is not None:  # 0.8.x
+    if eqn.primitive.name == "custom_jvp_call" and call is not None:  # up to 0.10.x
         inner = getattr(call, "jaxpr", call)
         debug = getattr(inner, "debug_info", None)
         return getattr(debug, "func_name", None) == "_custom_root"
@@ -824,7 +824,7 @@ def vjp_hi_primitive_base() -> type:
     ``super().__init__()``) and defines ``expand(*args)`` (the value),
     ``fwd(*args) -> (value, residuals)`` and ``bwd(residuals, cotangent) -> tuple`` (one
     cotangent per input). This base maps them onto the running JAX's hijax class
-    (``VJPHiPrimitive`` up to 0.11, ``HiPrim`` on 0.12) and its ``vjp_fwd`` /
+    (``VJPHiPrimitive`` up to 0.10.x, ``HiPrim`` on 0.11.2 and newer) and its ``vjp_fwd`` /
     ``vjp_bwd_retval`` signatures (``vjp_fwd`` takes ``nzs_in`` first from 0.9.0 on).
     Calling an instance binds ``call_hi_primitive``.
     """

@@ -421,8 +421,9 @@ def iterative_tangent_solve(
     positive definite Hessian at a minimum; a strict minimum is not enough: the
     Hessian of ``w**4`` vanishes at ``w = 0``); on an indefinite one it can return NaN
     without an error. ``gmres`` (restarted every 20 steps) needs an ``A`` on which restarted
-    GMRES converges: it can stagnate on some invertible ``A`` (a cyclic permutation,
-    for one), and then returns an inaccurate solution without an error.
+    GMRES converges: it can stagnate on some invertible ``A`` (a cyclic permutation
+    longer than the restart length, for one), and then returns an inaccurate solution
+    without an error (JAX's ``gmres`` reports ``info = 0`` unless the answer is NaN).
 
     Args:
         method: ``"gmres"`` (a general ``A`` on which restarted GMRES converges) or
@@ -442,14 +443,20 @@ def iterative_tangent_solve(
     _checks.number(tol, "tol", above=0, below=1, meaning="a relative tolerance")
 
     def inner(matvec: LinearMap, b: PyTree) -> PyTree:
-        big = _tree_max_abs(b)
-        scale = jnp.where(big > 0, big, jnp.ones_like(big))
-        unit = jax.tree_util.tree_map(lambda leaf: leaf / scale.astype(leaf.dtype), b)
+        # One vector of the leaves' common dtype: JAX's cg/gmres promote their step
+        # sizes over all leaves, so a float32 leaf beside a float64 one would change
+        # dtype inside their loops; unravel casts each leaf back.
+        flat_b, unravel = ravel_pytree(b)
+        flat_matvec = lambda v: ravel_pytree(matvec(unravel(v)))[0]  # noqa: E731
+        big = _tree_max_abs(flat_b)
+        scale = jnp.where(big > 0, big, jnp.ones_like(big)).astype(flat_b.dtype)
         if method == "cg":
-            x = cg(matvec, unit, tol=tol, atol=0.0)[0]
+            x = cg(flat_matvec, flat_b / scale, tol=tol, atol=0.0)[0]
         else:
-            x = gmres(matvec, unit, tol=tol, atol=0.0, solve_method="batched")[0]
-        return jax.tree_util.tree_map(lambda leaf: leaf * scale.astype(leaf.dtype), x)
+            x = gmres(
+                flat_matvec, flat_b / scale, tol=tol, atol=0.0, solve_method="batched"
+            )[0]
+        return unravel(x * scale)
 
     def solve(g: Callable[[PyTree], PyTree], y: PyTree) -> PyTree:
         # A real symmetric A is its own transpose; a complex Hermitian one is not
@@ -626,8 +633,8 @@ def _loop(
 ) -> tuple[PyTree, SolverInfo]:
     """Run ``method`` until ``norm <= tol`` or ``max_iter`` steps, in a ``while_loop``.
 
-    Never differentiated (``custom_root`` hides it). ``tol == 0`` runs exactly
-    ``max_iter`` steps with a static trip count and no norm per step.
+    Never differentiated (``custom_root`` hides it). ``tol`` the Python number 0
+    runs exactly ``max_iter`` steps with a static trip count and no norm per step.
     """
     state = method.init(x0)
     if _static_zero(tol):
@@ -832,8 +839,10 @@ def fixed_point(
         solver: ``"iterate"``, ``"anderson"`` or ``"newton"``.
         adjoint: ``"implicit"`` (implicit function theorem) or ``"unrolled"``.
         tol: Residual norm to reach: a Python float ``>= 0`` or a 0-d float array
-            (which may be traced: one compilation serves every tolerance). ``0`` runs
-            exactly ``max_iter`` steps (a static trip count, no check per step).
+            (which may be traced: one compilation serves every tolerance). The
+            Python number ``0`` runs exactly ``max_iter`` steps (a static trip count,
+            no check per step); an array equal to 0 is an ordinary tolerance, met
+            only by a residual of exactly 0.
         max_iter: Most steps; ``None`` means 1000 (``"iterate"``, ``"anderson"``) or
             50 (``"newton"``).
         throw: Raise :class:`SolverError` when the solve does not converge (the
