@@ -214,3 +214,11 @@ def test_tested_on_shows_the_ledger_at_todays_files():
 def test_draws_refuses_bad_seed_ranges(seeds):
     with pytest.raises(SystemExit, match="--seeds"):
         draws.main([f"--seeds={seeds}", "--render"])
+
+
+def test_the_ledger_digest_ignores_comments_and_docstrings_not_code():
+    base = 'def f(x):\n    """Doc."""\n    return x + 1  # one\n'
+    reworded = 'def f(x):\n    """Another doc."""\n    # a comment\n    return x + 1\n'
+    changed = 'def f(x):\n    """Doc."""\n    return x + 2\n'
+    assert draws._code(base) == draws._code(reworded)
+    assert draws._code(base) != draws._code(changed)

@@ -16,7 +16,8 @@ it is done, to ``records/checker_draws.jsonl`` (point, exercise, seeds, rejected
 with their messages, the JAX version, date, commit, and the digest of the files the
 verdict depends on). A run cut short keeps its finished blocks; a later run with other
 seeds adds to them. A block counts only while its digest is that of today's files
-(:data:`FILES`): a change to a checker or a solution starts that chapter's count again.
+(:data:`FILES`, their code without comments and docstrings): a change to a checker or
+a solution starts that chapter's count again.
 
 The table between the ``draws`` markers of ``tested_on.md`` is the ledger's rendering
 at today's files; ``tests/test_matrix.py`` checks that it is current.
@@ -113,8 +114,27 @@ def digest(exercise: str) -> str:
         raise SystemExit(f"[draws] no files listed for chapter {chapter} (FILES)")
     h = hashlib.sha256()
     for rel in (*COMMON, *FILES[chapter]):
-        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes() + b"\0")
+        h.update(rel.encode() + b"\0" + _code((ROOT / rel).read_text()) + b"\0")
     return h.hexdigest()[:16]
+
+
+def _code(source: str) -> bytes:
+    """The code of a Python file: its syntax tree without comments and docstrings, so
+    that a reworded comment or docstring keeps the blocks already run."""
+    import ast
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+    return ast.dump(tree).encode()
 
 
 def _dirty(exercise: str) -> list[str]:
