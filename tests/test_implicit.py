@@ -1464,3 +1464,21 @@ def test_iterative_tangent_solve_takes_a_state_of_mixed_float_dtypes(solver):
         np.testing.assert_allclose(
             jax.jacfwd(lambda t: total(t, solver))(t), dense, rtol=1e-6
         )
+
+
+@pytest.mark.parametrize("solver", ["dense", "gmres"])
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
+def test_a_half_precision_state_gets_a_clear_error_naming_cg(solver, dtype):
+    """JAX's LU and gmres take no float16/bfloat16: said up front, with the fix."""
+    f = lambda x, t: 0.5 * jnp.cos(x) + t  # noqa: E731
+    x0 = jnp.zeros(3, dtype)
+
+    def loss(t, how):
+        return jnp.sum(im.fixed_point(f, x0, t, tol=1e-2, tangent_solver=how)[0])
+
+    with pytest.raises(TypeError, match="half-precision.*tangent_solver='cg'"):
+        jax.grad(loss)(jnp.asarray(0.3, dtype), solver)
+    g = jax.grad(loss)(jnp.asarray(0.3, dtype), "cg")  # the fix named works
+    x = im.fixed_point(f, jnp.zeros(3, jnp.float32), 0.3, tol=1e-6)[0]
+    want = jnp.sum(1 / (1 + 0.5 * jnp.sin(x)))  # dx/dt = 1 / (1 - f'(x))
+    np.testing.assert_allclose(float(g), float(want), rtol=3e-2)

@@ -118,6 +118,16 @@ def _tree_norm(tree: PyTree) -> jax.Array:
     return jnp.where(jnp.isfinite(big), scale * unit, big)
 
 
+def _refuse_half(dtype: Any, where: str, what: str) -> None:
+    """A TypeError naming the fix when ``dtype`` is float16 or bfloat16."""
+    if jnp.dtype(dtype) in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+        raise TypeError(
+            f"{where}: {what} takes no half-precision state ({jnp.dtype(dtype)}); "
+            "use tangent_solver='cg' (a symmetric definite system), or keep the "
+            "state in float32"
+        )
+
+
 def _tree_max_abs(tree: PyTree) -> jax.Array:
     """The largest ``|leaf_i|`` over all leaves of ``tree`` (no squares: no underflow)."""
     leaves = jax.tree_util.tree_leaves(tree)
@@ -355,14 +365,15 @@ def dense_tangent_solve(g: Callable[[PyTree], PyTree], y: PyTree) -> PyTree:
     Args:
         g: A linear function on pytrees shaped like ``y`` (``custom_root`` passes
             ``x -> ∂F/∂x · x``).
-        y: The right-hand side, a pytree of real floating arrays.
+        y: The right-hand side, a pytree of real float32 or float64 arrays.
 
     Returns:
         ``x`` with ``g(x) = y``, structured like ``y``.
 
     Raises:
-        TypeError: ``g`` is not callable, or a leaf of ``y`` is not a real floating
-            array.
+        TypeError: ``g`` is not callable, a leaf of ``y`` is not a real floating
+            array, or the leaves are half precision (float16, bfloat16), which JAX's
+            LU does not take.
     """
     _checks.function(
         g, "g", "the linear function x -> A x", where="dense_tangent_solve: "
@@ -376,6 +387,7 @@ def dense_tangent_solve(g: Callable[[PyTree], PyTree], y: PyTree) -> PyTree:
         "matrix-free tangent_solver",
     )
     y_flat, unravel = ravel_pytree(y)
+    _refuse_half(y_flat.dtype, "dense_tangent_solve", "JAX's LU (jnp.linalg.solve)")
 
     def g_flat(v: jax.Array) -> jax.Array:
         return ravel_pytree(g(unravel(v)))[0]
@@ -447,6 +459,8 @@ def iterative_tangent_solve(
         # sizes over all leaves, so a float32 leaf beside a float64 one would change
         # dtype inside their loops; unravel casts each leaf back.
         flat_b, unravel = ravel_pytree(b)
+        if method == "gmres":
+            _refuse_half(flat_b.dtype, "gmres tangent solve", "JAX's gmres")
         flat_matvec = lambda v: ravel_pytree(matvec(unravel(v)))[0]  # noqa: E731
         big = _tree_max_abs(flat_b)
         scale = jnp.where(big > 0, big, jnp.ones_like(big)).astype(flat_b.dtype)
@@ -850,6 +864,8 @@ def fixed_point(
             the caller. With ``tol=0`` only a non-finite residual is a failure.
         tangent_solver: ``adjoint="implicit"`` only: ``"dense"`` (the default),
             ``"gmres"``, ``"cg"`` or a function ``(g, y) -> x`` solving ``g(x) = y``.
+            A float16 or bfloat16 state takes ``"cg"`` only (JAX's LU and ``gmres``
+            refuse half precision; ``"dense"`` and ``"gmres"`` raise ``TypeError``).
         memory: ``solver="anderson"`` only: iterates kept (an int ``>= 2``; 5).
         regularization: ``solver="anderson"`` only: ridge added to the
             least-squares solve for the weights, relative to its scale (``1e-10``;
