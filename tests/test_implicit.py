@@ -824,7 +824,9 @@ def test_float_fallback_keeps_an_integer_aux_exact_at_a_narrow_guess(
 
     def root(theta):
         F = lambda x: x - theta  # noqa: E731
-        return compat.custom_root_with_aux(F, jnp.zeros((), dtype), solve, lambda g, y: y)
+        return compat.custom_root_with_aux(
+            F, jnp.zeros((), dtype), solve, lambda g, y: y
+        )
 
     theta = jnp.asarray(1.5, dtype)
     x, k = root(theta)

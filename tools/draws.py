@@ -219,10 +219,14 @@ def run(point_name: str, names: list[str], first: int, stop: int) -> int:
 
     point = next((p for p in MATRIX if p.name == point_name), None)
     if point is None:
-        raise SystemExit(f"[draws] unknown point {point_name}; see dev.py matrix --list")
+        raise SystemExit(
+            f"[draws] unknown point {point_name}; see dev.py matrix --list"
+        )
     dirty = sorted({f for n in names for f in _dirty(n)})
     if dirty:
-        raise SystemExit(f"[draws] commit these first (the ledger names a commit): {dirty}")
+        raise SystemExit(
+            f"[draws] commit these first (the ledger names a commit): {dirty}"
+        )
     digests = {n: digest(n) for n in names}
     py = setup(point)
     commit = git_commit()
@@ -271,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         first, stop = (int(s) for s in ns.seeds.split(":"))
     except ValueError:
-        raise SystemExit(f"[draws] --seeds takes first:stop, got {ns.seeds!r}") from None
+        raise SystemExit(
+            f"[draws] --seeds takes first:stop, got {ns.seeds!r}"
+        ) from None
     if not 0 <= first < stop:
         raise SystemExit(f"[draws] --seeds needs 0 <= first < stop, got {ns.seeds!r}")
     bad = 0
