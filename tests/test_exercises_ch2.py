@@ -1145,3 +1145,17 @@ def test_check_rebuilt_jacrev_names_no_sum_where_there_is_none(answer):
     assert ch2.SUMMED_ROWS_MESSAGE not in fb.messages, str(fb)
     assert ch2.SUMMED_OUTPUTS_MESSAGE not in fb.messages, str(fb)
     assert "differs from the reference" in fb.messages[0], str(fb)
+
+
+def test_the_dot_test_of_the_books_solution_passes_where_a_pairing_nearly_cancelled():
+    """Seed 1950 drew an (x, y) whose pairing nearly cancelled: the book's relative
+    dot test gave 1.4e-4 against the allowed 1e-4. The checker now draws only pairs
+    whose float32 rounding the bound covers (ch2.DOT_TEST_RIGHT_MAX's analysis)."""
+    from test_exercises_draws import solution_dot_test, solution_transpose
+
+    assert ch2.check_transpose(solution_transpose, solution_dot_test, seed=1950).passed
+    m = ch2._exercise_map_matrix()
+    assert m.shape == (ch2.EXERCISE_MAP_SIZE, ch2.EXERCISE_MAP_SIZE + 1)
+    gamma = 16 * 2.0**-24
+    assert 2 * gamma * ch2.DOT_TEST_MAX_TERMS < ch2.DOT_TEST_RIGHT_MAX
+    assert 2 * gamma * ch2.DOT_TEST_MAX_CANCELLATION < ch2.DOT_TEST_RIGHT_MAX / 2

@@ -22,6 +22,7 @@ Every checker prints "not attempted yet" for a bare stub and raises only with
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -326,13 +327,37 @@ DOT_TEST_WRONG: dict[str, Callable[[jax.Array], dict[str, jax.Array]]] = {
 #: A student's dot-product test must return at most this for the right transpose,
 #: and more than :data:`DOT_TEST_WRONG_MIN` for each of :data:`DOT_TEST_WRONG` at one
 #: of three drawn (x, y) at least (one draw can pair a slip's error with a y nearly
-#: orthogonal to it): float32 rounding of the two pairings of standard normal
-#: vectors is below 1e-5 absolute and 1e-6 relative, a wrong transpose's mismatch
+#: orthogonal to it). Error analysis for the right transpose: both pairings
+#: <A x, y> and <x, A^T y> sum the same products A_ij x_j y_i, each rounded with the
+#: sums inside A x (or A^T y) and the dot product, at most m = 16 float32 roundings
+#: deep, so each is within gamma = 16 u (u = 2**-24, gamma < 1e-6) times
+#: S = sum_ij |A_ij x_j y_i| of the exact value, and they differ by at most 2 gamma S.
+#: The checker draws only (x, y) with S <= DOT_TEST_MAX_TERMS (an absolute test then
+#: gives at most 2 gamma S < 1e-4) and S <= DOT_TEST_MAX_CANCELLATION |<A x, y>| (a
+#: test relative to |left| + |right| then gives at most about gamma * 20 < 2e-5): a
+#: relative test at a (x, y) whose pairing nearly cancels is otherwise unbounded
+#: (seed 1950 gave 1.4e-4 before these bounds). A wrong transpose's mismatch is
 #: usually 0.1 to 10.
 DOT_TEST_RIGHT_MAX = 1e-4
 DOT_TEST_WRONG_MIN = 1e-3
+#: Largest S = sum_ij |A_ij x_j y_i| of a drawn (x, y) (see DOT_TEST_RIGHT_MAX).
+DOT_TEST_MAX_TERMS = 40.0
+#: Largest S / |<A x, y>| of a drawn (x, y) (see DOT_TEST_RIGHT_MAX).
+DOT_TEST_MAX_CANCELLATION = 20.0
 #: How many (x, y) a check draws for each transpose it gives the student's test.
 DOT_TEST_DRAWS = 3
+
+
+@functools.lru_cache(maxsize=1)
+def _exercise_map_matrix() -> np.ndarray:
+    """The matrix of :func:`exercise_linear_map` in float64, columns ``x`` then ``s``
+    (its entries are 0, 1, -1, sums of these and ``linspace(1, 2, 6)``, computed here
+    from the definition, not from the map)."""
+    n = EXERCISE_MAP_SIZE
+    cumsum = np.tril(np.ones((n, n)))
+    roll = np.roll(np.eye(n), 1, axis=0)  # (roll(x, 1))_i = x_{i-1}
+    w = np.linspace(1.0, 2.0, n, dtype=np.float32).astype(np.float64)
+    return np.concatenate([cumsum - roll, w[:, None]], axis=1)
 
 
 def _dot_test_problems(
@@ -343,12 +368,22 @@ def _dot_test_problems(
     stub. The checker draws ``x`` and ``y`` and runs it on the map with the right
     transpose and with each of :data:`DOT_TEST_WRONG`."""
 
+    matrix = _exercise_map_matrix()
+
     def draw() -> tuple[dict[str, jax.Array], jax.Array]:
-        x = {
-            "x": jnp.asarray(rng.normal(size=EXERCISE_MAP_SIZE), jnp.float32),
-            "s": jnp.asarray(rng.normal(), jnp.float32),
-        }
-        return x, jnp.asarray(rng.normal(size=EXERCISE_MAP_SIZE), jnp.float32)
+        # Standard normal (x, y), drawn again while their pairing cancels or its terms
+        # are large (DOT_TEST_RIGHT_MAX says why); about 1 draw in 5 is drawn again.
+        while True:
+            xs = rng.normal(size=EXERCISE_MAP_SIZE + 1).astype(np.float32)
+            y = rng.normal(size=EXERCISE_MAP_SIZE).astype(np.float32)
+            terms = matrix * np.outer(y, xs).astype(np.float64)
+            total = np.sum(np.abs(terms))
+            if total <= DOT_TEST_MAX_TERMS and total <= (
+                DOT_TEST_MAX_CANCELLATION * abs(np.sum(terms))
+            ):
+                break
+        x = {"x": jnp.asarray(xs[:-1]), "s": jnp.asarray(xs[-1])}
+        return x, jnp.asarray(y)
 
     def run(
         transpose: Callable, what: str, pick: Callable[[list[float]], float]
