@@ -202,14 +202,9 @@ def render(entries: list[dict]) -> str:
 
 
 def write_page(entries: list[dict]) -> None:
-    text = PAGE.read_text(encoding="utf-8")
-    if START not in text or END not in text:
-        raise SystemExit(f"{PAGE.name} has no {START} ... {END} markers")
-    before, rest = text.split(START, 1)
-    _, after = rest.split(END, 1)
-    PAGE.write_text(
-        f"{before}{START}\n{render(entries)}\n{END}{after}", encoding="utf-8"
-    )
+    from tools.matrix import write_between
+
+    write_between(PAGE, START, END, render(entries))
 
 
 def run(point_name: str, names: list[str], first: int, stop: int) -> int:

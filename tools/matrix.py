@@ -501,15 +501,18 @@ def render(record: dict) -> str:
     return "\n".join(lines)
 
 
+def write_between(page: Path, start: str, end: str, body: str) -> None:
+    """Replace what lies between the markers ``start`` and ``end`` of ``page``."""
+    text = page.read_text(encoding="utf-8")
+    if start not in text or end not in text:
+        raise SystemExit(f"{page.name} has no {start} ... {end} markers")
+    before, rest = text.split(start, 1)
+    _, after = rest.split(end, 1)
+    page.write_text(f"{before}{start}\n{body}\n{end}{after}", encoding="utf-8")
+
+
 def write_page(record: dict) -> None:
-    text = PAGE.read_text(encoding="utf-8")
-    if START not in text or END not in text:
-        raise SystemExit(f"{PAGE.name} has no {START} ... {END} markers")
-    before, rest = text.split(START, 1)
-    _, after = rest.split(END, 1)
-    PAGE.write_text(
-        f"{before}{START}\n{render(record)}\n{END}{after}", encoding="utf-8"
-    )
+    write_between(PAGE, START, END, render(record))
 
 
 def save(ran: list[dict]) -> dict:
