@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -222,3 +224,15 @@ def test_the_ledger_digest_ignores_comments_and_docstrings_not_code():
     changed = 'def f(x):\n    """Doc."""\n    return x + 2\n'
     assert draws._code(base) == draws._code(reworded)
     assert draws._code(base) != draws._code(changed)
+
+
+def test_each_point_keeps_its_own_compilation_cache_inside_the_checkout():
+    one, other = (draws.compilation_cache(p.name) for p in matrix.MATRIX[:2])
+    path = Path(one["JAX_COMPILATION_CACHE_DIR"])
+    assert path.is_relative_to(draws.ROOT / ".cache")
+    assert one["JAX_COMPILATION_CACHE_DIR"] != other["JAX_COMPILATION_CACHE_DIR"]
+    assert float(one["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]) == 0
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", str(path / "x")], cwd=draws.ROOT
+    )
+    assert ignored.returncode == 0, "the cache must be ignored by git"
