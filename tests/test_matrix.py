@@ -236,3 +236,18 @@ def test_each_point_keeps_its_own_compilation_cache_inside_the_checkout():
         ["git", "check-ignore", "-q", str(path / "x")], cwd=draws.ROOT
     )
     assert ignored.returncode == 0, "the cache must be ignored by git"
+
+
+def test_src_staleness_ignores_only_python_files_whose_code_is_unchanged():
+    assert matrix._same_code("src/beyondgrad/runtime.py", "HEAD")
+    assert not matrix._same_code(
+        "src/beyondgrad/figures/laplacian_benchmark.json", "HEAD"
+    )
+    assert not matrix._same_code("src/beyondgrad/no_such_module.py", "HEAD")
+    first = subprocess.run(
+        ["git", "rev-list", "--max-parents=0", "HEAD"],
+        capture_output=True,
+        text=True,
+        cwd=draws.ROOT,
+    ).stdout.split()[-1]
+    assert not matrix._same_code("src/beyondgrad/sharded_vmc.py", first)

@@ -307,7 +307,8 @@ def merge(point: Point, versions: dict, results: list[dict], draw: dict | None) 
 
 def stale(record: dict) -> list[str]:
     """Per point: the notebooks whose code cells differ from those at the commit their
-    entry ran on, and a line when ``src/`` changed since the oldest such commit."""
+    entry ran on, and a line when ``src/`` changed since such a commit (a Python file
+    whose code is the same without comments and docstrings does not count)."""
     out = []
     for p in record["points"]:
         commits = {}
@@ -323,9 +324,25 @@ def stale(record: dict) -> list[str]:
                 text=True,
                 cwd=ROOT,
             ).stdout.split()
+            changed = [f for f in changed if not _same_code(f, c)]
             if changed:
                 out.append(f"{p['point']}: src/ changed since {c}: {' '.join(changed)}")
     return out
+
+
+def _same_code(path: str, commit: str) -> bool:
+    """Whether the Python file ``path`` has the same code (syntax tree without comments
+    and docstrings) now as at ``commit``; False for other files and for a file that is
+    new or gone."""
+    from tools.draws import _code
+
+    now = ROOT / path
+    if not path.endswith(".py") or not now.exists():
+        return False
+    got = subprocess.run(
+        ["git", "show", f"{commit}:{path}"], capture_output=True, text=True, cwd=ROOT
+    )
+    return got.returncode == 0 and _code(got.stdout) == _code(now.read_text())
 
 
 def _code_cells(notebook: str, commit: str | None) -> list[str] | None:
