@@ -1484,3 +1484,31 @@ def test_a_half_precision_state_gets_a_clear_error_naming_cg(solver, dtype):
     x = im.fixed_point(f, jnp.zeros(3, jnp.float32), 0.3, tol=1e-6)[0]
     want = jnp.sum(1 / (1 + 0.5 * jnp.sin(x)))  # dx/dt = 1 / (1 - f'(x))
     np.testing.assert_allclose(float(g), float(want), rtol=3e-2)
+
+
+@pytest.mark.parametrize(
+    "entry, solver",
+    [("fixed_point", "anderson"), ("fixed_point", "newton"), ("root_find", "newton")],
+)
+@pytest.mark.parametrize("adjoint", ["implicit", "unrolled"])
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
+def test_a_half_precision_state_with_an_lu_solver_names_iterate(
+    entry, solver, adjoint, dtype
+):
+    """Anderson and Newton call JAX's LU at every step, whatever the tangent solver:
+    without the check JAX 0.8.2 to 0.10.2 raise a bare NotImplementedError from LU."""
+    if entry == "fixed_point":
+        f = lambda x, t: 0.5 * jnp.cos(x) + t  # noqa: E731
+    else:
+        f = lambda x, t: 0.5 * jnp.cos(x) + t - x  # noqa: E731
+    kw = {"tangent_solver": "cg"} if adjoint == "implicit" else {}
+    x0, t = jnp.zeros(3, dtype), jnp.ones(3, dtype)
+    with pytest.raises(TypeError, match=f"solver='{solver}'.*LU.*solver='iterate'"):
+        getattr(im, entry)(f, x0, t, solver=solver, adjoint=adjoint, tol=1e-2, **kw)
+    x = im.fixed_point(  # the fix named works, and agrees with a float32 solve
+        lambda x, t: 0.5 * jnp.cos(x) + t, x0, t, tol=1e-2, tangent_solver="cg"
+    )[0]
+    ref = im.fixed_point(
+        lambda x, t: 0.5 * jnp.cos(x) + t, jnp.zeros(3), jnp.ones(3), tol=1e-6
+    )[0]
+    np.testing.assert_allclose(np.asarray(x, np.float32), ref, rtol=2e-2)

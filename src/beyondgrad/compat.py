@@ -10,9 +10,10 @@ Version differences absorbed here (facts from the version-drift report, ``drift.
   (:func:`make_mesh` always states them).
 * ``jax_use_direct_linearize``: obeyed up to 0.9.x, ignored from 0.10
   (:func:`direct_linearize_option`, :func:`set_direct_linearize`).
-* ``custom_root`` with an integer aux output fails under ``jvp``/``grad`` before 0.11
-  (:func:`custom_root_integer_aux_ok`, :func:`custom_root_with_aux`), and appears in a
-  jaxpr under a different primitive up to 0.10.x and from 0.11 (:func:`uses_custom_root`).
+* ``custom_root`` with an integer aux output fails under ``jvp``/``grad`` up to 0.11.1
+  (the drift record) and runs on 0.11.2 and newer (:func:`custom_root_integer_aux_ok`,
+  :func:`custom_root_with_aux`), and appears in a jaxpr under one primitive up to 0.10.x
+  and another on 0.11.2 and newer (:func:`uses_custom_root`).
 
 Private APIs read here and nowhere else (each tested on both ends of the range):
 ``jax._src.xla_bridge.backends_are_initialized`` (:func:`backends_initialized`),
@@ -426,17 +427,19 @@ def derivatives_disabled(
 #
 # * how ``lax.custom_root`` appears in a jaxpr: a ``custom_jvp_call`` of the function
 #   ``_custom_root`` up to 0.10.x, a ``call_hi_primitive`` carrying a ``CustomRoot``
-#   (a ``hijax.HiPrim``) from 0.11;
+#   (a ``hijax.HiPrim``) on 0.11.2 and newer (0.11.0 and 0.11.1 are not installed
+#   here; either recording is recognised);
 # * whether ``custom_root(..., has_aux=True)`` accepts an integer or bool aux under
 #   differentiation: up to 0.10.x it gets an integer tangent instead of ``float0``
-#   and fails with ``TypeError``; from 0.11 it is accepted. Detected by a feature
+#   and fails with ``TypeError`` (the drift record: also on 0.11.0 and 0.11.1); on
+#   0.11.2 and newer it is accepted. Detected by a feature
 #   probe (abstract evaluation only), not by a version number.
 
 
 def _is_custom_root_eqn(eqn: Any) -> bool:
     """True if one jaxpr equation is a ``lax.custom_root`` call (either recording)."""
     prim = eqn.params.get("_prim") if hasattr(eqn.params, "get") else None
-    if prim is not None and type(prim).__name__ == "CustomRoot":  # 0.11 on: a HiPrim
+    if prim is not None and type(prim).__name__ == "CustomRoot":  # 0.11.2 on: a HiPrim
         return True
     call = eqn.params.get("call_jaxpr") if hasattr(eqn.params, "get") else None
     if eqn.primitive.name == "custom_jvp_call" and call is not None:  # up to 0.10.x
@@ -811,8 +814,9 @@ def captured_debug_callback_log() -> Iterator[list[logging.LogRecord]]:
 # signature of its forward rule differ across the range:
 #
 # * 0.8.2: ``jax.experimental.hijax.VJPHiPrimitive``, ``vjp_fwd(self, *args)``;
-# * 0.9.0 to 0.11: ``VJPHiPrimitive`` with ``vjp_fwd(self, nzs_in, /, *args)``;
-# * 0.12: ``jax.experimental.hijax.HiPrim``, ``vjp_fwd(self, nzs_in, /, *args)``.
+# * 0.9.x and 0.10.x (0.9.2, 0.10.2 checked): ``VJPHiPrimitive`` with
+#   ``vjp_fwd(self, nzs_in, /, *args)``;
+# * 0.11.2 and newer: ``jax.experimental.hijax.HiPrim``, same ``vjp_fwd``.
 # ``nzs_in`` says which inputs carry a nonzero tangent. The signature, not the class
 # name, decides whether it is passed.
 

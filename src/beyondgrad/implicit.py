@@ -128,6 +128,21 @@ def _refuse_half(dtype: Any, where: str, what: str) -> None:
         )
 
 
+#: Solvers that call ``jnp.linalg.solve`` at every step (Anderson's weights, Newton's
+#: Jacobian), so JAX's LU, which takes no float16 or bfloat16.
+_LU_SOLVERS = ("anderson", "newton")
+
+
+def _half_dtypes(tree: PyTree) -> list[str]:
+    """The names of the float16 and bfloat16 dtypes among the leaves of ``tree``."""
+    half = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+    return [
+        str(d)
+        for d in (jnp.result_type(leaf) for leaf in jax.tree_util.tree_leaves(tree))
+        if d in half
+    ]
+
+
 def _tree_max_abs(tree: PyTree) -> jax.Array:
     """The largest ``|leaf_i|`` over all leaves of ``tree`` (no squares: no underflow)."""
     leaves = jax.tree_util.tree_leaves(tree)
@@ -801,6 +816,15 @@ def _solve(
     tangent_solver: TangentSolver = "dense" if given_tangent is None else given_tangent
     _check_args(name, f, x0, params, tol, max_iter, tangent_solver)
     _check_throw(name, throw)
+    if solver in _LU_SOLVERS:
+        half = _half_dtypes(x0)
+        if half:
+            raise TypeError(
+                f"{name}: solver={solver!r} solves a linear system with JAX's LU at "
+                f"every step, which takes no half-precision state ({half[0]}); use "
+                "fixed_point's solver='iterate' (with tangent_solver='cg'), or keep "
+                "the state in float32"
+            )
 
     def method_of(F: LinearMap) -> _Method:
         return solvers[solver](F, options)
@@ -864,8 +888,10 @@ def fixed_point(
             the caller. With ``tol=0`` only a non-finite residual is a failure.
         tangent_solver: ``adjoint="implicit"`` only: ``"dense"`` (the default),
             ``"gmres"``, ``"cg"`` or a function ``(g, y) -> x`` solving ``g(x) = y``.
-            A float16 or bfloat16 state takes ``"cg"`` only (JAX's LU and ``gmres``
-            refuse half precision; ``"dense"`` and ``"gmres"`` raise ``TypeError``).
+            A float16 or bfloat16 state takes ``"cg"`` only, with
+            ``solver="iterate"`` (JAX's LU and ``gmres`` refuse half precision:
+            ``"dense"``, ``"gmres"``, ``"anderson"`` and ``"newton"`` raise
+            ``TypeError``).
         memory: ``solver="anderson"`` only: iterates kept (an int ``>= 2``; 5).
         regularization: ``solver="anderson"`` only: ridge added to the
             least-squares solve for the weights, relative to its scale (``1e-10``;
@@ -885,7 +911,8 @@ def fixed_point(
         TypeError: ``f`` not callable, ``x0`` not floating, ``f`` returning another
             structure, shape or dtype than ``x0``, ``throw`` not a bool, or an option
             that the chosen ``solver`` or ``adjoint`` does not use (``memory`` without
-            ``"anderson"``, ``tangent_solver`` with ``"unrolled"``).
+            ``"anderson"``, ``tangent_solver`` with ``"unrolled"``); a float16 or
+            bfloat16 state with ``"anderson"`` or ``"newton"`` (JAX's LU).
         ValueError: An unknown ``solver``, ``adjoint`` or ``tangent_solver``; a
             negative or non-finite ``tol``; ``max_iter < 1``; ``memory < 2``; a
             negative ``regularization``.
