@@ -231,3 +231,30 @@ def test_no_visible_cell_only_serves_the_build(source):
         "assert for the build: tag them [remove-cell] (or [remove-input] to keep the "
         "output):\n" + "\n".join(found)
     )
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_a_chapter_reads_as_a_path_and_its_summary_states_the_rules_briefly(source):
+    """A chapter page's teaching path is at most about 7,000 prose words and its
+    Summary at most 250 (``tools/prose_words.py``: code, math and markup left out)."""
+    from tools import prose_words
+
+    words = prose_words.count(source)
+    assert words <= prose_words.TEACHING_PATH_MAX, (
+        f"{source.name}: {words} prose words before '## Exercises' "
+        f"(at most {prose_words.TEACHING_PATH_MAX}); move forensics to the appendix"
+    )
+    summary = prose_words.count_summary(source)
+    assert summary is not None, f"{source.name} has no '## Summary' section"
+    assert summary <= prose_words.SUMMARY_MAX, (
+        f"{source.name}: its Summary has {summary} prose words "
+        f"(at most {prose_words.SUMMARY_MAX}); keep the rules, link the details"
+    )
+
+
+def test_the_summary_count_reads_only_the_summary_section():
+    from tools import prose_words
+
+    text = "# T\n\nIntro words here.\n\n## Summary\n\n- One `rule` here.\n\n## Exercises\n\nx"
+    assert prose_words.summary(text).split() == ["-", "One", "CODE", "here."]
+    assert prose_words.count_summary.__doc__ and prose_words.summary("# no") is None

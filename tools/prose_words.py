@@ -8,6 +8,7 @@ word each.
 
     python3 tools/prose_words.py chapters/*.md        # one line per chapter
     python3 tools/prose_words.py --max 7000 chapters/0[0-3]*.md   # exit 1 if over
+    python3 tools/prose_words.py --summary --max 250 chapters/*.md  # the Summaries
 
 Standard library only, so it runs without the book's environment.
 """
@@ -85,19 +86,48 @@ def teaching_path(text: str) -> str:
     return prose
 
 
+#: The heading of the section that states a chapter's rules.
+SUMMARY_HEADING = re.compile(r"^##\s+Summary\b")
+#: The most prose words a Summary may take.
+SUMMARY_MAX = 250
+#: The most prose words a chapter page's teaching path may take (about).
+TEACHING_PATH_MAX = 7000
+
+
 def count(path: Path) -> int:
     """The number of prose words in the teaching path of the chapter at ``path``."""
     return len(_WORD.findall(teaching_path(path.read_text(encoding="utf-8"))))
+
+
+def summary(text: str) -> str | None:
+    """The prose of the ``## Summary`` section of ``text`` (up to the next ``##``
+    heading), counted as in :func:`teaching_path`; None without one."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if SUMMARY_HEADING.match(ln)), None)
+    if start is None:
+        return None
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
+        len(lines),
+    )
+    return teaching_path("\n".join(lines[start + 1 : end]))
+
+
+def count_summary(path: Path) -> int | None:
+    """The number of prose words in the Summary of the chapter at ``path``."""
+    prose = summary(path.read_text(encoding="utf-8"))
+    return None if prose is None else len(_WORD.findall(prose))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--max", type=int, default=None, help="exit 1 if any file is over")
+    ap.add_argument("--summary", action="store_true", help="count the Summary only")
     ns = ap.parse_args(argv)
     over = False
     for path in ns.files:
-        n = count(path)
+        n = (count_summary(path) or 0) if ns.summary else count(path)
         flag = ""
         if ns.max is not None and n > ns.max:
             over, flag = True, f"  (over {ns.max})"
