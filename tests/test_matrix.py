@@ -251,3 +251,16 @@ def test_src_staleness_ignores_only_python_files_whose_code_is_unchanged():
         cwd=draws.ROOT,
     ).stdout.split()[-1]
     assert not matrix._same_code("src/beyondgrad/sharded_vmc.py", first)
+
+
+def test_the_digest_ignores_fields_a_newer_python_adds_empty():
+    """3.12 gives FunctionDef a ``type_params=[]`` that 3.11 lacks: a ledger written
+    under one Python must count under the other (CI tests on both)."""
+    import ast
+
+    tree = ast.parse("def f(x):\n    return x + 1\n")
+    bare = draws._canonical(tree)
+    tree.body[0].type_params = []  # what 3.12's parser adds
+    assert draws._canonical(tree) == bare
+    tree.body[0].body[0].value.right = ast.Constant(2)
+    assert draws._canonical(tree) != bare

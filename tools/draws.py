@@ -138,7 +138,27 @@ def _code(source: str) -> bytes:
             and isinstance(body[0].value.value, str)
         ):
             node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
-    return ast.dump(tree).encode()
+    return repr(_canonical(tree)).encode()
+
+
+def _canonical(node: object) -> object:
+    """A syntax tree as nested tuples that every supported Python writes alike: node
+    types and fields, leaving out fields that are ``None`` or empty (``ast.dump``
+    shows the fields a newer Python added, such as 3.12's ``type_params=[]``, so the
+    same file dumped by 3.11 and 3.12 differs)."""
+    import ast
+
+    if isinstance(node, ast.AST):
+        fields = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if value is None or value == []:
+                continue
+            fields.append((name, _canonical(value)))
+        return (type(node).__name__, tuple(fields))
+    if isinstance(node, list):
+        return tuple(_canonical(v) for v in node)
+    return repr(node)
 
 
 def _dirty(exercise: str) -> list[str]:
