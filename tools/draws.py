@@ -14,9 +14,9 @@ An XLA compilation per drawn case made a seed of all 14 checkers cost about 17 s
 one core of a 2-core machine. The worker keeps JAX's persistent compilation cache in
 ``.cache/draws-jax/<point>``: a drawn case whose program (shapes, dtypes, sharding)
 was compiled before at that point loads that executable instead of compiling it
-again, so a seed costs 2.2 to 2.8 s and every number stays the same (the same
-executable runs). 2,000 seeds still take about 1.4 hours per point, so the runs are
-done in pieces: each block of :data:`BLOCK` seeds is appended, as soon as
+again, so a seed costs 1.7 to 2.3 s once the cache is warm (the ledger's block times,
+two points side by side) and every number stays the same (the same executable runs).
+2,000 seeds still take about 1 to 1.3 hours per point, so the runs are done in pieces: each block of :data:`BLOCK` seeds is appended, as soon as
 it is done, to ``records/checker_draws.jsonl`` (point, exercise, seeds, rejected seeds
 with their messages, the JAX version, date, commit, and the digest of the files the
 verdict depends on). A run cut short keeps its finished blocks; a later run with other
