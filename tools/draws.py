@@ -222,7 +222,10 @@ def render(entries: list[dict]) -> str:
     now = {e: digest(e) for e in names}
     done = [e["date"] for e in entries if now.get(e["exercise"]) == e["digest"]]
     if done:
-        lines += ["", f"*Blocks counted ran {min(done)} to {max(done)}.*"]
+        when = (
+            f"on {done[0]}" if min(done) == max(done) else f"{min(done)} to {max(done)}"
+        )
+        lines += ["", f"*Blocks counted ran {when}.*"]
     return "\n".join(lines)
 
 
