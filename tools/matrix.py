@@ -499,7 +499,7 @@ def render(record: dict) -> str:
         *(["Checker reruns:", "", *rerun_lines, ""] if rerun_lines else []),
         *(
             [
-                "†: rerun after a change to that notebook or checker, "
+                "†: rerun on its own, on a later commit than the rest of its column, "
                 + "; ".join(f"{d} on commit `{c}`" for d, c in reruns)
                 + " (`python3 dev.py matrix --notebooks ... --checkers ...`).",
                 "",
