@@ -16,10 +16,11 @@ one core of a 2-core machine. The worker keeps JAX's persistent compilation cach
 was compiled before at that point loads that executable instead of compiling it
 again, so a seed costs 1.7 to 2.3 s once the cache is warm (the ledger's block times,
 two points side by side) and every number stays the same (the same executable runs).
-2,000 seeds still take about 1 to 1.3 hours per point, so the runs are done in pieces: each block of :data:`BLOCK` seeds is appended, as soon as
-it is done, to ``records/checker_draws.jsonl`` (point, exercise, seeds, rejected seeds
-with their messages, the JAX version, date, commit, and the digest of the files the
-verdict depends on). A run cut short keeps its finished blocks; a later run with other
+2,000 seeds still take about 1 to 1.3 hours per point, so the runs are done in pieces:
+each block of :data:`BLOCK` seeds is appended, as soon as it is done, to
+``records/checker_draws.jsonl`` (point, exercise, seeds, rejected seeds with their
+messages, the JAX version, date, commit, and the digest of the files the verdict
+depends on). A run cut short keeps its finished blocks; a later run with other
 seeds adds to them. A block counts only while its digest is that of today's files
 (:data:`FILES`, their code without comments and docstrings): a change to a checker or
 a solution starts that chapter's count again.
@@ -222,10 +223,11 @@ def render(entries: list[dict]) -> str:
     now = {e: digest(e) for e in names}
     done = [e["date"] for e in entries if now.get(e["exercise"]) == e["digest"]]
     if done:
-        when = (
-            f"on {done[0]}" if min(done) == max(done) else f"{min(done)} to {max(done)}"
-        )
-        lines += ["", f"*Blocks counted ran {when}.*"]
+        lo, hi = min(done), max(done)
+        lines += [
+            "",
+            f"*Blocks counted ran {f'on {lo}' if lo == hi else f'{lo} to {hi}'}.*",
+        ]
     return "\n".join(lines)
 
 

@@ -499,7 +499,7 @@ def render(record: dict) -> str:
         *(["Checker reruns:", "", *rerun_lines, ""] if rerun_lines else []),
         *(
             [
-                "†: rerun on its own, on a later commit than the rest of its column, "
+                "†: rerun on its own, "
                 + "; ".join(f"{d} on commit `{c}`" for d, c in reruns)
                 + " (`python3 dev.py matrix --notebooks ... --checkers ...`).",
                 "",
